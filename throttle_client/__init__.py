@@ -1,0 +1,44 @@
+"""throttle_client: outbound, client-side throttling shared by a fleet of workers.
+
+Every worker asks one shared authority, "may I send now, and if not, exactly
+when?", before each outbound call; a sliding-window log per key (usually an
+access token) in Redis, SQLite or memory answers.
+"""
+
+from ._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CostTooHigh,
+    ThrottleError,
+    ThrottleTimeout,
+)
+from ._limiter import AsyncLimiter, Limiter
+from ._memory import MemoryBackend
+from ._ops import AsyncBackend, Backend
+from ._rate import Rate
+from ._redis import AsyncRedisBackend, RedisBackend
+from ._results import Decision, RateUsage, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncBackend",
+    "AsyncLimiter",
+    "AsyncRedisBackend",
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "CostTooHigh",
+    "Decision",
+    "Limiter",
+    "MemoryBackend",
+    "Rate",
+    "RateUsage",
+    "RedisBackend",
+    "ThrottleError",
+    "ThrottleTimeout",
+    "Usage",
+    "__version__",
+]

@@ -1,0 +1,46 @@
+"""The exceptions that throttle_client raises.
+
+ThrottleError
+├── ThrottleTimeout        the slot is further away than the caller will wait
+├── BackendError           the store answered with an error (wrong key type, bad script)
+│   └── BackendUnavailable the store could not be reached (wraps the driver's error)
+└── ConfigurationError     also a ValueError: a bad rate, interval, cost or namespace
+    └── CostTooHigh        a cost that no window could ever hold
+"""
+
+from __future__ import annotations
+
+
+class ThrottleError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+class ThrottleTimeout(ThrottleError):
+    """The earliest slot lies further away than ``timeout``; nothing was recorded.
+
+    ``retry_after`` is the number of seconds after which the same call would have
+    been admitted at the moment it was refused.
+    """
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message or f"no slot within the timeout; retry after {retry_after:.3f}s")
+
+
+class BackendError(ThrottleError):
+    """The store answered with an error; the driver's exception is the ``__cause__``.
+
+    Never a reason to let a call through: a key of the wrong type stays an error.
+    """
+
+
+class BackendUnavailable(BackendError):
+    """The store did not answer; the driver's exception is the ``__cause__``."""
+
+
+class ConfigurationError(ThrottleError, ValueError):
+    """A value the limiter cannot work with. The message names the value."""
+
+
+class CostTooHigh(ConfigurationError):
+    """A cost larger than a rate's limit: it could never be admitted, so it fails at once."""

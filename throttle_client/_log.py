@@ -1,0 +1,130 @@
+"""The sliding-window log algorithm of DESIGN §2, written once over a small storage view.
+
+The memory and SQLite backends run this module; the Redis Lua script
+(``lua/sliding_log.lua``) is a line-for-line port of it, and the test suite holds
+all of them to a naive reference model.
+
+A key's log is a list of admitted calls in slot order. Each entry keeps its slot
+time ``t`` and ``cum``, the running total of costs up to and including it. Because
+slots never go backwards, time order and ``cum`` order agree, so "how much cost
+lies after time X" and "when did the running total cross Y" are both one indexed
+lookup: the work per decision is O(log n) per rate, whatever the cost of a call.
+Entries older than the longest period are trimmed; ``base`` is the running total
+at the newest trimmed entry.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar, cast
+
+from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
+
+T = TypeVar("T")
+
+
+class LogView(Protocol):
+    """One key's log inside one atomic step of a store."""
+
+    last: int | None  # slot of the newest admitted call, kept after it is trimmed
+    total: int  # running total of all admitted costs
+    base: int  # running total at the newest trimmed entry
+    pause_until: int
+
+    def slot_of(self, call_id: str) -> int | None:
+        """The slot booked by ``call_id``, if it is in the log."""
+
+    def time_at_cum(self, target: int) -> int:
+        """Slot of the first entry whose running total is >= target (one exists)."""
+
+    def cum_through(self, t: int) -> int:
+        """Running total at the newest entry with slot <= t (``base`` if none)."""
+
+    def first_after(self, t: int) -> int | None:
+        """Slot of the oldest entry with slot > t."""
+
+    def append(self, t: int, cost: int, call_id: str) -> None:
+        """Log a call at ``t``; updates ``last`` and ``total``."""
+
+    def trim(self, cutoff: int) -> None:
+        """Drop entries with slot <= cutoff; updates ``base``."""
+
+    def set_pause(self, until: int) -> None: ...
+
+    def delete(self) -> None: ...
+
+    def expire_at(self, when: int) -> None:
+        """Nothing in the log matters after ``when``: the store may forget the key then."""
+
+
+def earliest_slot(log: LogView, policy: Policy, now: int, cost: int) -> int:
+    """DESIGN §2: max(now, last + gap, pause, and for each rate the time the cost fits)."""
+    slot = max(now, log.pause_until)
+    if log.last is not None:
+        slot = max(slot, log.last + policy.min_interval_us)
+    for limit, period in policy.limits:
+        # The window ending at the slot must drop every entry up to the one at which
+        # the running total reaches total - limit + cost; if that one is already
+        # trimmed, it is long gone from every window.
+        target = log.total - limit + cost
+        if target > log.base:
+            slot = max(slot, log.time_at_cum(target) + period)
+    return slot
+
+
+def remaining_at(log: LogView, policy: Policy, point: int) -> tuple[int, ...]:
+    """Per rate, the units still free in the window that ends at ``point``."""
+    return tuple(
+        max(0, limit - (log.total - log.cum_through(point - period)))
+        for limit, period in policy.limits
+    )
+
+
+def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
+    booked = log.slot_of(op.call_id)
+    if booked is not None:  # the same call again (a driver retry): it already holds its slot
+        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.policy, booked))
+    slot = earliest_slot(log, op.policy, now, op.cost)
+    if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
+        # Refused: nothing is written, so a refusal leaves no trace.
+        return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.policy, now))
+    log.append(slot, op.cost, op.call_id)
+    log.trim(now - op.policy.longest_period_us)
+    log.expire_at(max(slot, log.pause_until) + op.policy.horizon_us)
+    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.policy, slot))
+
+
+def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:
+    used = tuple(log.total - log.cum_through(now - period) for _, period in op.policy.limits)
+    frees = []
+    for (_, period), in_window in zip(op.policy.limits, used, strict=True):
+        oldest = log.first_after(now - period) if in_window else None
+        frees.append(0 if oldest is None else oldest + period)
+    return Snapshot(
+        now_us=now,
+        next_slot_us=earliest_slot(log, op.policy, now, 1),
+        pause_until_us=log.pause_until,
+        used=used,
+        frees_at_us=tuple(frees),
+    )
+
+
+def pause(log: LogView, op: Pause, now: int) -> int:
+    until = now + op.duration_us
+    if until > log.pause_until:  # a pause only ever moves forward
+        log.set_pause(until)
+        log.expire_at(max(until, log.last or 0) + op.policy.horizon_us)
+    return log.pause_until
+
+
+def execute(log: LogView, op: Op[T], now: int) -> T:
+    """Run ``op`` on ``log`` at ``now`` (µs); the caller provides atomicity."""
+    if isinstance(op, Acquire):
+        return cast(T, acquire(log, op, now))
+    if isinstance(op, Inspect):
+        return cast(T, inspect(log, op, now))
+    if isinstance(op, Pause):
+        return cast(T, pause(log, op, now))
+    if isinstance(op, Reset):
+        log.delete()
+        return cast(T, None)
+    raise TypeError(f"unknown operation {op!r}")

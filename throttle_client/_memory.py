@@ -1,0 +1,130 @@
+"""In-process store: the semantics of DESIGN §2 for the threads and tasks of one process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from typing import TypeVar
+
+from . import _log
+from ._ops import InlineAsync, Op
+
+T = TypeVar("T")
+
+_SWEEP_EVERY = 1024  # operations between sweeps of expired keys
+
+
+class _MemoryLog:
+    """One key's log as parallel sorted lists (slot times, running totals)."""
+
+    __slots__ = (
+        "base",
+        "call_ids",
+        "cums",
+        "expires_at",
+        "ids",
+        "last",
+        "pause_until",
+        "times",
+        "total",
+    )
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.cums: list[int] = []
+        self.call_ids: list[str] = []
+        self.ids: dict[str, int] = {}
+        self.last: int | None = None
+        self.total = 0
+        self.base = 0
+        self.pause_until = 0
+        self.expires_at = 0
+
+    def slot_of(self, call_id: str) -> int | None:
+        return self.ids.get(call_id)
+
+    def time_at_cum(self, target: int) -> int:
+        return self.times[bisect_left(self.cums, target)]
+
+    def cum_through(self, t: int) -> int:
+        index = bisect_right(self.times, t)
+        return self.cums[index - 1] if index else self.base
+
+    def first_after(self, t: int) -> int | None:
+        index = bisect_right(self.times, t)
+        return self.times[index] if index < len(self.times) else None
+
+    def append(self, t: int, cost: int, call_id: str) -> None:
+        self.total += cost
+        self.times.append(t)
+        self.cums.append(self.total)
+        self.call_ids.append(call_id)
+        self.ids[call_id] = t
+        self.last = t
+
+    def trim(self, cutoff: int) -> None:
+        count = bisect_right(self.times, cutoff)
+        if count:
+            self.base = self.cums[count - 1]
+            for call_id in self.call_ids[:count]:
+                del self.ids[call_id]
+            del self.times[:count], self.cums[:count], self.call_ids[:count]
+
+    def set_pause(self, until: int) -> None:
+        self.pause_until = until
+
+    def delete(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def expire_at(self, when: int) -> None:
+        self.expires_at = max(self.expires_at, when)
+
+
+class MemoryBackend:
+    """Keeps logs in this process; safe under threads and asyncio tasks.
+
+    Each operation runs under one lock and never awaits, so it is atomic for both.
+    Keys are forgotten once nothing in them can matter any more.
+
+    >>> limiter = Limiter(MemoryBackend(), rates=["10/second"])
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._logs: dict[str, _MemoryLog] = {}
+        self._lock = threading.Lock()
+        self._ops = 0
+
+    def execute(self, op: Op[T]) -> T:
+        with self._lock:
+            now = getattr(op, "now_us", None)
+            if now is None:
+                now = int(self._clock() * 1_000_000)
+            key: str = getattr(op, "key")  # noqa: B009 - every Op has a key
+            log = self._logs.get(key)
+            if log is None or (log.expires_at and log.expires_at <= now):
+                log = self._logs[key] = _MemoryLog()
+            result = _log.execute(log, op, now)
+            if not log.times and log.pause_until <= now and log.last is None:
+                del self._logs[key]
+            self._ops += 1
+            if self._ops % _SWEEP_EVERY == 0:
+                self._sweep(now)
+            return result
+
+    def _sweep(self, now: int) -> None:
+        for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
+            del self._logs[key]
+
+    def to_async(self) -> InlineAsync:
+        """What AsyncLimiter uses: the same store, called inline (it never blocks)."""
+        return InlineAsync(self)
+
+    def __len__(self) -> int:
+        """How many keys the store holds now (for tests of bounded memory)."""
+        return len(self._logs)
+
+    def __repr__(self) -> str:
+        return f"MemoryBackend(keys={len(self._logs)})"

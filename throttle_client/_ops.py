@@ -1,0 +1,137 @@
+"""What a limiter asks of a backend, and what comes back.
+
+Everything here is in whole microseconds and already carries the *hashed* store
+key: a backend never sees an access token. A backend has one method,
+``execute(op)``; the Redis script, the memory store and the SQLite store all
+answer the same four operations with exactly the semantics of DESIGN §2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The rates as ``(limit, period_us)`` pairs and the minimum gap between calls."""
+
+    limits: tuple[tuple[int, int], ...]
+    min_interval_us: int
+
+    @property
+    def horizon_us(self) -> int:
+        """How long an entry can still matter after its slot."""
+        return max(max(period for _, period in self.limits), self.min_interval_us)
+
+    @property
+    def longest_period_us(self) -> int:
+        return max(period for _, period in self.limits)
+
+
+class Op(Generic[T_co]):
+    """An operation on one key's log whose answer is a ``T_co``."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to :class:`Acquire`."""
+
+    allowed: bool
+    now_us: int
+    slot_us: int
+    pause_until_us: int
+    remaining: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The answer to :class:`Inspect`: the log seen at ``now_us``, unchanged."""
+
+    now_us: int
+    next_slot_us: int
+    pause_until_us: int
+    used: tuple[int, ...]
+    frees_at_us: tuple[int, ...]  # per rate, when the oldest unit in the window leaves; 0 if none
+
+
+@dataclass(frozen=True)
+class Acquire(Op[Verdict]):
+    """Find the earliest slot for ``cost``; book it if it is at most ``max_wait_us`` away.
+
+    ``max_wait_us`` of 0 is try_acquire, -1 waits for any slot. ``call_id`` makes the
+    call idempotent: a call whose id is already in the log gets its booked slot back.
+    """
+
+    key: str
+    policy: Policy
+    cost: int
+    max_wait_us: int
+    call_id: str
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Inspect(Op[Snapshot]):
+    key: str
+    policy: Policy
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Pause(Op[int]):
+    """No slot before ``now + duration_us``; answers the pause in force (µs since the epoch)."""
+
+    key: str
+    policy: Policy
+    duration_us: int
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Reset(Op[None]):
+    key: str
+
+
+class Backend(Protocol):
+    """A store that executes operations for a :class:`~throttle_client.Limiter`."""
+
+    def execute(self, op: Op[T]) -> T: ...
+
+
+class AsyncBackend(Protocol):
+    """A store that executes operations for an :class:`~throttle_client.AsyncLimiter`."""
+
+    async def execute(self, op: Op[T]) -> T: ...
+
+
+class InlineAsync:
+    """An AsyncBackend over a store whose ``execute`` never blocks (memory)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def execute(self, op: Op[T]) -> T:
+        return self.backend.execute(op)
+
+    def __repr__(self) -> str:
+        return f"InlineAsync({self.backend!r})"
+
+
+class ThreadedAsync:
+    """An AsyncBackend over a store whose ``execute`` may block (SQLite waiting on a lock)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def execute(self, op: Op[T]) -> T:
+        return await asyncio.to_thread(self.backend.execute, op)
+
+    def __repr__(self) -> str:
+        return f"ThreadedAsync({self.backend!r})"

@@ -1,0 +1,154 @@
+"""The Redis store: one Lua script (package data) per decision, over redis-py's own clients.
+
+Sync and asyncio backends share everything but the call itself: the script,
+how an operation becomes KEYS/ARGV, how the reply becomes a result, and how
+driver errors become ours. redis-py's ``Script`` runs EVALSHA and loads the
+script again on NOSCRIPT, so a ``SCRIPT FLUSH``, a restart or a failover is
+invisible to callers.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, TypeVar, cast
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis import exceptions as rx
+
+from ._errors import BackendError, BackendUnavailable
+from ._ops import Acquire, Inspect, Op, Pause, Reset, Snapshot, Verdict
+
+T = TypeVar("T")
+
+SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
+
+# Set on clients built from a URL: a hung store must not hang a worker (DESIGN §5).
+URL_CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 2.0,
+    "health_check_interval": 15,
+}
+
+# Errors after which the store may well answer again: the failure policy applies.
+UNAVAILABLE = (
+    rx.ConnectionError,
+    rx.TimeoutError,
+    rx.ClusterDownError,
+    rx.TryAgainError,
+    rx.ReadOnlyError,
+    rx.RedisClusterException,
+)
+
+
+def store_keys(key: str) -> list[str]:
+    return [f"tc:{key}:s", f"tc:{key}:c", f"tc:{key}:m"]
+
+
+def encode(op: Op[Any]) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
+    if isinstance(op, Reset):
+        return store_keys(op.key), ["reset"]
+    assert isinstance(op, (Acquire, Inspect, Pause))
+    now = "" if op.now_us is None else op.now_us
+    args: list[str | int] = [now, op.policy.min_interval_us, len(op.policy.limits)]
+    for limit, period in op.policy.limits:
+        args += [limit, period]
+    if isinstance(op, Acquire):
+        return store_keys(op.key), ["acquire", *args, op.cost, op.max_wait_us, op.call_id]
+    if isinstance(op, Pause):
+        return store_keys(op.key), ["pause", *args, op.duration_us]
+    return store_keys(op.key), ["inspect", *args]
+
+
+def decode(op: Op[T], reply: Any) -> T:
+    if isinstance(op, Acquire):
+        allowed, now, slot, pause, *remaining = (int(x) for x in reply)
+        return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
+    if isinstance(op, Inspect):
+        now, next_slot, pause, *per_rate = (int(x) for x in reply)
+        return cast(T, Snapshot(now, next_slot, pause, tuple(per_rate[::2]), tuple(per_rate[1::2])))
+    if isinstance(op, Pause):
+        return cast(T, int(reply[0]))
+    return cast(T, None)
+
+
+def translate(exc: rx.RedisError) -> BackendError:
+    if isinstance(exc, UNAVAILABLE):
+        return BackendUnavailable(f"Redis is unavailable: {exc}")
+    return BackendError(f"Redis answered with an error: {exc}")
+
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+
+class RedisBackend:
+    """Limits shared through Redis: standalone, Sentinel (a master client) or Cluster.
+
+    Give it a redis-py client, or a URL (``redis://``, ``rediss://``, ``unix://``);
+    ``cluster=True`` makes a URL into a ``RedisCluster``.
+
+    >>> backend = RedisBackend(redis.Redis.from_url("redis://localhost:6379/0"))
+    """
+
+    def __init__(self, client: SyncClient | str, *, cluster: bool = False) -> None:
+        if isinstance(client, str):
+            factory = redis.cluster.RedisCluster if cluster else redis.Redis
+            client = factory.from_url(client, **URL_CLIENT_OPTIONS)
+        elif isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
+            raise TypeError("this is an asyncio Redis client: use AsyncRedisBackend with it")
+        elif not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
+            raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
+        self.client = client
+        self._script = client.register_script(SCRIPT)
+
+    def execute(self, op: Op[T]) -> T:
+        keys, args = encode(op)
+        try:
+            reply = self._script(keys=keys, args=args)
+        except rx.RedisError as exc:
+            raise translate(exc) from exc
+        return decode(op, reply)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self.client!r})"
+
+
+class AsyncRedisBackend:
+    """The asyncio twin of :class:`RedisBackend`, over ``redis.asyncio`` clients.
+
+    >>> backend = AsyncRedisBackend(redis.asyncio.Redis.from_url("redis://localhost"))
+    """
+
+    def __init__(self, client: AsyncClient | str, *, cluster: bool = False) -> None:
+        if isinstance(client, str):
+            factory = redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis
+            client = factory.from_url(client, **URL_CLIENT_OPTIONS)
+        elif isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
+            raise TypeError("this is a sync Redis client: use RedisBackend with it")
+        elif not isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
+            raise TypeError(
+                f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
+            )
+        self.client = client
+        self._script = client.register_script(SCRIPT)
+
+    async def execute(self, op: Op[T]) -> T:
+        keys, args = encode(op)
+        try:
+            reply = await self._script(keys=keys, args=args)
+        except rx.RedisError as exc:
+            raise translate(exc) from exc
+        return decode(op, reply)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedisBackend({self.client!r})"

@@ -1,0 +1,60 @@
+"""What limiters answer: a Decision per call, a Usage per look at a key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._rate import Rate
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to ``try_acquire`` / ``acquire``.
+
+    ``allowed``: the call was admitted (``acquire`` only ever returns admitted ones).
+    ``retry_after``: for a refusal, seconds until the same call would be admitted.
+    ``waited``: seconds ``acquire`` slept until its slot (0 for ``try_acquire``).
+    ``slot``: the admitted (or next possible) slot, in the store's clock, epoch seconds.
+    ``remaining``: per rate, in the order of ``rates``, the units still free in the
+    window that ends at the slot (at now, for a refusal).
+    ``paused_until``: an upstream pause in force (epoch seconds), or None.
+
+    A Decision is truthy when the call was admitted::
+
+        if limiter.try_acquire(token):
+            send()
+    """
+
+    allowed: bool
+    retry_after: float
+    waited: float
+    slot: float
+    cost: int
+    remaining: tuple[int, ...]
+    rates: tuple[Rate, ...]
+    paused_until: float | None
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+
+@dataclass(frozen=True)
+class RateUsage:
+    """One rate of a key: units ``used`` in the window ending now (booked slots ahead
+    included), ``remaining`` units, and ``resets_in`` seconds until a used unit frees."""
+
+    rate: Rate
+    used: int
+    remaining: int
+    resets_in: float
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A read-only look at a key: per-rate usage, when a call of cost 1 could next go
+    (``next_slot_in`` seconds from now), and any pause still in force."""
+
+    rates: tuple[RateUsage, ...]
+    next_slot_in: float
+    paused_for: float
+    paused_until: float | None

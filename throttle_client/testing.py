@@ -1,0 +1,46 @@
+"""Helpers for tests of code that uses throttle_client (and for its own tests).
+
+>>> clock = FakeClock()
+>>> limiter = Limiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.sleep)
+>>> limiter.acquire("t"); limiter.acquire("t"); limiter.acquire("t").waited
+1.0
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ._memory import MemoryBackend
+
+__all__ = ["FakeClock", "MemoryBackend"]
+
+
+class FakeClock:
+    """A clock that only moves when told to; its ``sleep`` moves it instead of waiting.
+
+    Pass ``clock=fake`` and ``sleep=fake.sleep`` (or ``sleep=fake.asleep`` for an
+    AsyncLimiter). Every sleep is recorded in ``slept``.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a clock only moves forward, not by {seconds!r}")
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+        await asyncio.sleep(0)  # still a real suspension point, as asyncio.sleep would be
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self.now!r})"
