@@ -11,8 +11,15 @@ from __future__ import annotations
 import asyncio
 
 from ._memory import MemoryBackend
+from ._redis_server import RedisClusterServers, RedisServer, RedisUnavailableError
 
-__all__ = ["FakeClock", "MemoryBackend"]
+__all__ = [
+    "FakeClock",
+    "MemoryBackend",
+    "RedisClusterServers",
+    "RedisServer",
+    "RedisUnavailableError",
+]
 
 
 class FakeClock:

@@ -1,0 +1,113 @@
+"""Real stores for the suite: private redis-server processes on free loopback ports.
+
+Nothing here mocks Redis. When no redis-server can be started the tests that need
+one fail with a message saying how to get one; they never skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+
+from throttle_client import AsyncLimiter, AsyncRedisBackend, Limiter, MemoryBackend, RedisBackend
+from throttle_client.testing import FakeClock, RedisClusterServers, RedisServer
+from throttle_client.testing import RedisUnavailableError
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    try:
+        server = RedisServer().start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    try:
+        cluster = RedisClusterServers(masters=3).start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """The session's standalone server, flushed for this test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: RedisClusterServers) -> Iterator[str]:
+    """The session's cluster, every primary flushed for this test."""
+    client = redis.cluster.RedisCluster.from_url(redis_cluster.url)
+    client.flushall(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
+    client.close()
+    yield redis_cluster.url
+
+
+class SyncView:
+    """Drives an AsyncLimiter from sync test code, so each behaviour is written once."""
+
+    def __init__(self, limiter: AsyncLimiter, loop: asyncio.AbstractEventLoop) -> None:
+        self.limiter = limiter
+        self.loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.limiter, name)
+        if not callable(attr) or not asyncio.iscoroutinefunction(attr):
+            return attr
+        return lambda *args, **kwargs: self.loop.run_until_complete(attr(*args, **kwargs))
+
+
+BACKENDS = ["memory", "redis", "cluster"]
+
+
+@pytest.fixture(params=[f"{b}-{mode}" for b in BACKENDS for mode in ("sync", "async")])
+def make_limiter(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``make_limiter(rates=..., min_interval=..., clock=...)`` over every backend, sync and
+    async, with a fake clock by default (Redis then follows it instead of TIME)."""
+    kind, mode = request.param.split("-")
+    loop = asyncio.new_event_loop()
+    closers: list[Callable[[], Any]] = []
+
+    def backend() -> Any:
+        if kind == "memory":
+            return MemoryBackend()
+        url = request.getfixturevalue("redis_url" if kind == "redis" else "cluster_url")
+        cluster = kind == "cluster"
+        if mode == "sync":
+            sync = RedisBackend(url, cluster=cluster)
+            closers.append(sync.close)
+            return sync
+        backend = AsyncRedisBackend(url, cluster=cluster)
+        closers.append(lambda: loop.run_until_complete(backend.aclose()))
+        return backend
+
+    def factory(**kwargs: Any) -> Any:
+        clock = kwargs.setdefault("clock", FakeClock())
+        if mode == "sync":
+            kwargs.setdefault("sleep", clock.sleep)
+            return Limiter(backend(), **kwargs)
+        kwargs.setdefault("sleep", clock.asleep)
+        return SyncView(AsyncLimiter(backend(), **kwargs), loop)
+
+    factory.kind = kind  # type: ignore[attr-defined]
+    factory.mode = mode  # type: ignore[attr-defined]
+    yield factory
+    for close in closers:
+        close()
+    loop.close()
