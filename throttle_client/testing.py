@@ -12,6 +12,7 @@ import asyncio
 
 from ._memory import MemoryBackend
 from ._redis_server import RedisClusterServers, RedisServer, RedisUnavailableError
+from ._upstream import StrictUpstream
 
 __all__ = [
     "FakeClock",
@@ -19,6 +20,7 @@ __all__ = [
     "RedisClusterServers",
     "RedisServer",
     "RedisUnavailableError",
+    "StrictUpstream",
 ]
 
 

@@ -1,0 +1,198 @@
+"""A local upstream API that enforces a per-token quota strictly, by its own clock.
+
+The demo and the end-to-end tests point crawlers at it: it counts each request
+by its arrival time against sliding windows and a minimum gap, and answers 429
+to any request that would break them (a refused request is not counted, as a
+real provider would not count it). Its statistics say how close the crawlers
+came: requests, rejections, and the most requests seen in any window.
+
+``tolerance`` (seconds) forgives arrivals that are early by at most that much:
+a limiter hands out slots, but a request reaches the upstream a little after its
+slot, by a delay that varies from request to request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ._rate import Rate, coerce_rate
+
+
+@dataclass
+class _TokenLog:
+    arrivals: list[float] = field(default_factory=list)  # admitted requests, arrival order
+    rejected: int = 0
+    paused_until: float = 0.0
+    storm_sent: bool = False
+
+
+def token_of(headers: Any, path: str) -> str:
+    """The access token of a request: bearer/token Authorization, else ?access_token=."""
+    auth = headers.get("Authorization", "")
+    scheme, _, credentials = auth.partition(" ")
+    if scheme.lower() in ("bearer", "token") and credentials.strip():
+        return str(credentials.strip())
+    values = parse_qs(urlsplit(path).query).get("access_token")
+    return values[0] if values else "-"
+
+
+class StrictUpstream:
+    """An HTTP server on 127.0.0.1 that answers 200 within the quota and 429 beyond it.
+
+    >>> with StrictUpstream(rates=["10/second"], min_interval=0.05) as upstream:
+    ...     httpx.get(upstream.url + "/items", headers={"Authorization": "Bearer t"})
+
+    ``storm_retry_after``: answer the first request of each token with
+    ``429 Retry-After: <n>`` and refuse the token for those n seconds.
+    ``send_headers``: add ``X-RateLimit-Limit/Remaining/Reset`` from the first rate.
+    """
+
+    def __init__(
+        self,
+        *,
+        rates: Sequence[Rate | str],
+        min_interval: float = 0.0,
+        tolerance: float = 0.0,
+        storm_retry_after: int | None = None,
+        send_headers: bool = False,
+        port: int = 0,
+    ) -> None:
+        self.rates = tuple(coerce_rate(rate) for rate in rates)
+        self.min_interval = min_interval
+        self.tolerance = tolerance
+        self.storm_retry_after = storm_retry_after
+        self.send_headers = send_headers
+        self._tokens: dict[str, _TokenLog] = defaultdict(_TokenLog)
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # -- the quota --------------------------------------------------------------------
+
+    def _judge(self, token: str, now: float) -> tuple[int, dict[str, str]]:
+        """Status and headers for a request of ``token`` arriving at ``now``."""
+        with self._lock:
+            log = self._tokens[token]
+            if self.storm_retry_after is not None and not log.storm_sent:
+                log.storm_sent = True
+                log.paused_until = now + self.storm_retry_after
+                return 429, {"Retry-After": str(self.storm_retry_after)}
+            if self._breaks_quota(log, now):
+                log.rejected += 1
+                return 429, {"Retry-After": "1"}
+            log.arrivals.append(now)
+            headers: dict[str, str] = {}
+            if self.send_headers:
+                rate = self.rates[0]
+                in_window = [t for t in log.arrivals if t > now - rate.period]
+                headers = {
+                    "X-RateLimit-Limit": str(rate.limit),
+                    "X-RateLimit-Remaining": str(max(0, rate.limit - len(in_window))),
+                    "X-RateLimit-Reset": str(int(in_window[0] + rate.period + time.time() - now)),
+                }
+            return 200, headers
+
+    def _breaks_quota(self, log: _TokenLog, now: float) -> bool:
+        if now < log.paused_until - self.tolerance:
+            return True
+        if log.arrivals and now - log.arrivals[-1] < self.min_interval - self.tolerance:
+            return True
+        for rate in self.rates:
+            edge = now - rate.period + self.tolerance
+            in_window = sum(1 for t in reversed(log.arrivals) if t > edge)
+            if in_window + 1 > rate.limit:
+                return True
+        return False
+
+    # -- what the crawlers achieved -------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Totals, and per rate the most requests any window held (exactly, by arrival)."""
+        with self._lock:
+            arrivals = {token: list(log.arrivals) for token, log in self._tokens.items()}
+            rejected = sum(log.rejected for log in self._tokens.values())
+        peaks = {}
+        for rate in self.rates:
+            peak = 0
+            for times in arrivals.values():
+                window: deque[float] = deque()
+                for t in times:
+                    window.append(t)
+                    while window[0] <= t - rate.period:
+                        window.popleft()
+                    peak = max(peak, len(window))
+            peaks[str(rate)] = peak
+        gaps = [b - a for times in arrivals.values() for a, b in itertools.pairwise(times)]
+        return {
+            "admitted": sum(len(times) for times in arrivals.values()),
+            "rejected": rejected,
+            "per_token": {token: len(times) for token, times in arrivals.items()},
+            "peak_in_window": peaks,
+            "min_gap": min(gaps) if gaps else None,
+        }
+
+    def arrivals(self, token: str) -> list[float]:
+        with self._lock:
+            return list(self._tokens[token].arrivals)
+
+    # -- serving ----------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                now = time.monotonic()
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, headers = upstream._judge(token_of(self.headers, self.path), now)
+                body = json.dumps({"ok": status == 200, "path": self.path}).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # requests carry tokens: never log them
+
+        return Handler
+
+    def start(self) -> StrictUpstream:
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> StrictUpstream:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
