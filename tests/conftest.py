@@ -16,9 +16,20 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 
-from throttle_client import AsyncLimiter, AsyncRedisBackend, Limiter, MemoryBackend, RedisBackend
-from throttle_client.testing import FakeClock, RedisClusterServers, RedisServer
-from throttle_client.testing import RedisUnavailableError
+from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
+    Limiter,
+    MemoryBackend,
+    RedisBackend,
+    SQLiteBackend,
+)
+from throttle_client.testing import (
+    FakeClock,
+    RedisClusterServers,
+    RedisServer,
+    RedisUnavailableError,
+)
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +84,7 @@ class SyncView:
         return lambda *args, **kwargs: self.loop.run_until_complete(attr(*args, **kwargs))
 
 
-BACKENDS = ["memory", "redis", "cluster"]
+BACKENDS = ["memory", "sqlite", "redis", "cluster"]
 
 
 @pytest.fixture(params=[f"{b}-{mode}" for b in BACKENDS for mode in ("sync", "async")])
@@ -87,6 +98,11 @@ def make_limiter(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
     def backend() -> Any:
         if kind == "memory":
             return MemoryBackend()
+        if kind == "sqlite":
+            path = request.getfixturevalue("tmp_path") / "limits.db"
+            sqlite = SQLiteBackend(path)
+            closers.append(sqlite.close)
+            return sqlite
         url = request.getfixturevalue("redis_url" if kind == "redis" else "cluster_url")
         cluster = kind == "cluster"
         if mode == "sync":

@@ -13,12 +13,14 @@ from ._errors import (
     ThrottleError,
     ThrottleTimeout,
 )
+from ._failure import LocalFallback
 from ._limiter import AsyncLimiter, Limiter
 from ._memory import MemoryBackend
 from ._ops import AsyncBackend, Backend
 from ._rate import Rate
 from ._redis import AsyncRedisBackend, RedisBackend
 from ._results import Decision, RateUsage, Usage
+from ._sqlite import SQLiteBackend
 
 __version__ = "0.1.0"
 
@@ -33,10 +35,12 @@ __all__ = [
     "CostTooHigh",
     "Decision",
     "Limiter",
+    "LocalFallback",
     "MemoryBackend",
     "Rate",
     "RateUsage",
     "RedisBackend",
+    "SQLiteBackend",
     "ThrottleError",
     "ThrottleTimeout",
     "Usage",

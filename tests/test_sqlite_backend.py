@@ -1,0 +1,199 @@
+"""What only the SQLite store has to get right: its file, its connections, its indexes.
+
+The semantics themselves are held by the conformance suite, which runs over SQLite
+through ``make_limiter``; the multi-process contention test holds it under load.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sqlite3
+import threading
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from throttle_client import (
+    AsyncLimiter,
+    BackendUnavailable,
+    ConfigurationError,
+    Limiter,
+    SQLiteBackend,
+    _sqlite,
+)
+from throttle_client.testing import FakeClock
+
+TOKEN = "tok_live_8f3a9c2e51d04b7e"
+
+
+def limiter_on(path: Path, clock: FakeClock, **kwargs: object) -> Limiter:
+    return Limiter(SQLiteBackend(path), clock=clock, sleep=clock.sleep, **kwargs)  # type: ignore[arg-type]
+
+
+def test_every_lookup_is_an_index_search(tmp_path: Path) -> None:
+    """O(log n) per lookup: SQLite must search an index, never scan or sort a table."""
+    db = SQLiteBackend(tmp_path / "l.db")._connection().db
+    for sql in _sqlite.LOOKUPS:
+        args = (1,) * sql.count("?")
+        plan = " | ".join(row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, args))
+        assert "SEARCH" in plan and "SCAN" not in plan and "TEMP B-TREE" not in plan, (sql, plan)
+
+
+def test_old_rows_are_pruned(tmp_path: Path) -> None:
+    clock = FakeClock()
+    limiter = limiter_on(tmp_path / "l.db", clock, rates=["5/second"])
+    for _ in range(200):
+        limiter.acquire(TOKEN)
+    db = sqlite3.connect(tmp_path / "l.db")
+    # Only what the one-second window can still see is kept (plus the newest trimmed run).
+    assert db.execute("SELECT count(*) FROM tc_entries").fetchone()[0] <= 10
+    assert limiter.usage(TOKEN).rates[0].used == 5
+
+
+def test_expired_keys_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sqlite, "_SWEEP_EVERY", 10)
+    clock = FakeClock()
+    backend = SQLiteBackend(tmp_path / "l.db")
+    limiter = Limiter(backend, rates=["5/second"], clock=clock, sleep=clock.sleep)
+    for n in range(8):
+        limiter.try_acquire(f"idle-{n}")
+    assert len(backend) == 8
+    clock.advance(1.5)  # every log has left its window
+    for _ in range(10):
+        limiter.usage("busy")
+    limiter.try_acquire("busy")  # the 10th operation on this connection sweeps
+    assert len(backend) == 1
+    db = sqlite3.connect(tmp_path / "l.db")
+    assert db.execute("SELECT count(*) FROM tc_entries").fetchone()[0] == 1
+
+
+def test_an_expired_key_starts_afresh_when_used(tmp_path: Path) -> None:
+    clock = FakeClock()
+    limiter = limiter_on(tmp_path / "l.db", clock, rates=["2/second"], min_interval=0.1)
+    limiter.pause(TOKEN, 5)
+    assert not limiter.try_acquire(TOKEN)
+    clock.advance(6.01)
+    assert limiter.try_acquire(TOKEN) and limiter.try_acquire(TOKEN, 1).retry_after == 0.1
+
+
+def test_a_token_never_reaches_the_file(tmp_path: Path) -> None:
+    clock = FakeClock()
+    limiter = limiter_on(tmp_path / "l.db", clock, rates=["2/second"])
+    limiter.acquire(TOKEN)
+    limiter.pause(TOKEN, 1)
+    SQLiteBackend(tmp_path / "l.db").close()
+    data = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert TOKEN.encode() not in data and b"tc_entries" in data
+
+
+def test_two_backends_on_one_file_share_the_log(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first = limiter_on(tmp_path / "l.db", clock, rates=["2/second"])
+    second = limiter_on(tmp_path / "l.db", clock, rates=["2/second"])
+    assert first.try_acquire(TOKEN) and second.try_acquire(TOKEN)
+    assert first.try_acquire(TOKEN).retry_after == 1.0
+    second.reset(TOKEN)
+    assert first.try_acquire(TOKEN)
+
+
+def test_host_clock_is_used_without_an_injected_one(tmp_path: Path) -> None:
+    slept: list[float] = []
+    limiter = Limiter(
+        SQLiteBackend(tmp_path / "l.db"), rates=["100/second"], min_interval=30, sleep=slept.append
+    )
+    first = limiter.acquire(TOKEN)
+    second = limiter.acquire(TOKEN)
+    assert second.slot - first.slot == pytest.approx(30)
+    assert 29 < slept[0] <= 30
+
+
+def test_threads_get_distinct_spaced_slots(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path / "l.db")
+    limiter = Limiter(backend, rates=["1000/second"], min_interval=0.5, sleep=lambda s: None)
+    slots: list[float] = []
+
+    def worker() -> None:
+        for _ in range(10):
+            slots.append(limiter.acquire(TOKEN).slot)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    slots.sort()
+    assert len(slots) == 80
+    assert all(b - a >= 0.5 - 1e-6 for a, b in pairwise(slots))
+    assert len(backend._all) == 8 + 1  # one connection per thread, plus the constructor's
+
+
+def _book_in_child(backend: SQLiteBackend, queue: multiprocessing.Queue[float]) -> None:
+    limiter = Limiter(backend, rates=["1000/second"], min_interval=60, sleep=lambda s: None)
+    queue.put(limiter.acquire(TOKEN).slot)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.filterwarnings("ignore:This process .* use of fork:DeprecationWarning")  # 3.12+
+def test_processes_share_one_file(tmp_path: Path, method: str) -> None:
+    """A backend built before a fork (or pickled for spawn) works in the child, on its own
+    connection, and the parent sees what the child booked."""
+    backend = SQLiteBackend(tmp_path / "l.db")
+    limiter = Limiter(backend, rates=["1000/second"], min_interval=60, sleep=lambda s: None)
+    first = limiter.acquire(TOKEN).slot
+    context = multiprocessing.get_context(method)
+    queue: multiprocessing.Queue[float] = context.Queue()
+    child = context.Process(target=_book_in_child, args=(backend, queue))
+    child.start()
+    child_slot = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert child_slot == pytest.approx(first + 60)
+    assert limiter.acquire(TOKEN).slot == pytest.approx(first + 120)
+
+
+def test_pickle_reopens_the_same_file(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path / "l.db", busy_timeout=3)
+    copy = pickle.loads(pickle.dumps(backend))
+    assert copy.path == backend.path and copy.busy_timeout == 3
+
+
+async def test_async_limiter_runs_it_in_threads(tmp_path: Path) -> None:
+    clock = FakeClock()
+    limiter = AsyncLimiter(
+        SQLiteBackend(tmp_path / "l.db"), rates=["2/second"], clock=clock, sleep=clock.asleep
+    )
+    assert repr(limiter.backend).startswith("ThreadedAsync(SQLiteBackend(")
+    await limiter.acquire(TOKEN)
+    await limiter.acquire(TOKEN)
+    assert (await limiter.acquire(TOKEN)).waited == 1.0
+
+
+def test_unusable_path_is_one_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "l.db"
+    with pytest.raises(BackendUnavailable, match="no-such-dir"):
+        SQLiteBackend(missing)
+
+
+@pytest.mark.parametrize("path", [":memory:", "", "file:x?mode=memory"])
+def test_paths_that_share_nothing_are_refused(path: str) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteBackend(path)
+
+
+def test_a_locked_file_becomes_backend_unavailable(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path / "l.db", busy_timeout=0.05)
+    limiter = Limiter(backend, rates=["2/second"])
+    blocker = sqlite3.connect(tmp_path / "l.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(BackendUnavailable, match="locked") as caught:
+            limiter.try_acquire(TOKEN)
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        assert TOKEN not in str(caught.value)
+    finally:
+        blocker.execute("ROLLBACK")
+    assert limiter.try_acquire(TOKEN)  # and it works again once the lock is gone
+    assert os.path.exists(tmp_path / "l.db-wal")  # WAL mode

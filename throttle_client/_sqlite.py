@@ -1,0 +1,306 @@
+"""The SQLite store: the semantics of DESIGN §2 for every process on one host, no server.
+
+Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``_log.execute``
+over a view whose every lookup is one indexed query, so processes queue on
+SQLite's write lock (WAL mode, a busy timeout) and see each other's slots at
+once. The time is read *after* the lock is taken: a slot computed from a time
+read while waiting for the lock would already lie in the past.
+
+Tables (keys are the limiter's hashed store keys, never an access token)::
+
+    tc_entries(key, slot, cum, call_id)   one row per admitted call
+    tc_meta(key, last, total, base, pause_until, expires_at)
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import _log
+from ._errors import BackendError, BackendUnavailable, ConfigurationError
+from ._ops import Op, ThreadedAsync
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tc_entries (
+    key TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    cum INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    PRIMARY KEY (key, cum)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_entries_slot ON tc_entries (key, slot, cum);
+CREATE UNIQUE INDEX IF NOT EXISTS tc_entries_call ON tc_entries (key, call_id);
+CREATE TABLE IF NOT EXISTS tc_meta (
+    key TEXT PRIMARY KEY,
+    last INTEGER,
+    total INTEGER NOT NULL,
+    base INTEGER NOT NULL,
+    pause_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
+"""
+
+# Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
+# slots never go backwards, so ordering by slot then cum follows the (key, slot, cum) index.
+_META = "SELECT last, total, base, pause_until, expires_at FROM tc_meta WHERE key = ?"
+_SLOT_OF = "SELECT slot FROM tc_entries WHERE key = ? AND call_id = ?"
+_TIME_AT_CUM = "SELECT slot FROM tc_entries WHERE key = ? AND cum >= ? ORDER BY cum LIMIT 1"
+_CUM_THROUGH = (
+    "SELECT cum FROM tc_entries WHERE key = ? AND slot <= ? ORDER BY slot DESC, cum DESC LIMIT 1"
+)
+_FIRST_AFTER = "SELECT slot FROM tc_entries WHERE key = ? AND slot > ? ORDER BY slot, cum LIMIT 1"
+_TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
+_FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
+_FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
+_EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
+LOOKUPS = (
+    _META,
+    _SLOT_OF,
+    _TIME_AT_CUM,
+    _CUM_THROUGH,
+    _FIRST_AFTER,
+    _TRIM,
+    _FORGET_ENTRIES,
+    _FORGET_META,
+    _EXPIRED,
+)
+
+_SWEEP_EVERY = 1024  # operations (per connection) between sweeps of expired keys
+_SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much work
+
+
+class _SQLiteLog:
+    """One key's log inside the current transaction of ``db`` (``_log.LogView``)."""
+
+    def __init__(self, db: sqlite3.Connection, key: str, now: int) -> None:
+        self.db = db
+        self.key = key
+        self.last: int | None = None
+        self.total = 0
+        self.base = 0
+        self.pause_until = 0
+        self.expires_at = 0
+        self.dirty = False  # meta must be written back
+        row = db.execute(_META, (key,)).fetchone()
+        if row is not None:
+            if 0 < row[4] <= now:  # nothing in it matters any more: start afresh
+                self.delete()
+            else:
+                self.last, self.total, self.base, self.pause_until, self.expires_at = row
+
+    def _one(self, sql: str, *args: object) -> Any:
+        row = self.db.execute(sql, (self.key, *args)).fetchone()
+        return None if row is None else row[0]
+
+    def slot_of(self, call_id: str) -> int | None:
+        slot: int | None = self._one(_SLOT_OF, call_id)
+        return slot
+
+    def time_at_cum(self, target: int) -> int:
+        slot: int = self._one(_TIME_AT_CUM, target)
+        return slot
+
+    def cum_through(self, t: int) -> int:
+        cum: int | None = self._one(_CUM_THROUGH, t)
+        return self.base if cum is None else cum
+
+    def first_after(self, t: int) -> int | None:
+        slot: int | None = self._one(_FIRST_AFTER, t)
+        return slot
+
+    def append(self, t: int, cost: int, call_id: str) -> None:
+        self.total += cost
+        self.last = t
+        self.dirty = True
+        self.db.execute(
+            "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)",
+            (self.key, t, self.total, call_id),
+        )
+
+    def trim(self, cutoff: int) -> None:
+        newest = self._one(_CUM_THROUGH, cutoff)
+        if newest is not None:
+            self.base = newest
+            self.dirty = True
+            self.db.execute(_TRIM, (self.key, cutoff))
+
+    def set_pause(self, until: int) -> None:
+        self.pause_until = until
+        self.dirty = True
+
+    def delete(self) -> None:
+        self.db.execute(_FORGET_ENTRIES, (self.key,))
+        self.db.execute(_FORGET_META, (self.key,))
+        self.last, self.total, self.base, self.pause_until, self.expires_at = None, 0, 0, 0, 0
+        self.dirty = False
+
+    def expire_at(self, when: int) -> None:
+        if when > self.expires_at:
+            self.expires_at = when
+            self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            self.db.execute(
+                "INSERT INTO tc_meta (key, last, total, base, pause_until, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "last = excluded.last, total = excluded.total, base = excluded.base, "
+                "pause_until = excluded.pause_until, expires_at = excluded.expires_at",
+                (self.key, self.last, self.total, self.base, self.pause_until, self.expires_at),
+            )
+
+
+class _Connection:
+    """A connection owned by one thread of one process, and its operation count."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.pid = os.getpid()
+        self.ops = 0
+
+
+class SQLiteBackend:
+    """Limits shared through one SQLite file by every process and thread on this host.
+
+    No server: the zero-setup store for a single box. Each thread of each process
+    uses its own connection (opened on first use, and again in a forked child);
+    an operation waits up to ``busy_timeout`` seconds for the file's write lock.
+
+    >>> limiter = Limiter(SQLiteBackend("/var/tmp/limits.db"), rates=["10/second"])
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ConfigurationError(f"SQLiteBackend needs a file path, not {path!r}")
+        if os.fspath(path) == ":memory:" or os.fspath(path).startswith("file:"):
+            # Every connection would get its own private database: nothing would be shared.
+            raise ConfigurationError(
+                f"SQLiteBackend needs a file shared by its processes, not {path!r}; "
+                "use MemoryBackend for one process"
+            )
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._clock = clock
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[_Connection] = []  # this process's connections, for close()
+        self._connection()  # fail now, naming the path, if the file cannot be used
+
+    def _connection(self) -> _Connection:
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.pid == os.getpid():
+            return conn
+        # A connection must never cross a fork: the child opens its own. The parent's
+        # is left unclosed on purpose (closing it here could disturb the parent's locks).
+        try:
+            db = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                check_same_thread=False,  # only so close() may close it from any thread
+            )
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
+            # One statement at a time inside our own transaction (executescript would
+            # commit first): processes that start together create the tables once.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        conn = _Connection(db)
+        self._local.conn = conn
+        with self._lock:
+            if self._all and self._all[0].pid != conn.pid:
+                self._all = []  # inherited across a fork: not ours to close
+            self._all.append(conn)
+        return conn
+
+    def execute(self, op: Op[T]) -> T:
+        conn = self._connection()
+        db = conn.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                now = getattr(op, "now_us", None)
+                if now is None:
+                    now = int(self._clock() * 1_000_000)
+                log = _SQLiteLog(db, getattr(op, "key"), now)  # noqa: B009 - every Op has a key
+                result = _log.execute(log, op, now)
+                log.save()
+                conn.ops += 1
+                if conn.ops % _SWEEP_EVERY == 0:
+                    _sweep(db, now)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        return result
+
+    def to_async(self) -> ThreadedAsync:
+        """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a lock."""
+        return ThreadedAsync(self)
+
+    def close(self) -> None:
+        """Close this process's connections; a later operation opens a new one."""
+        with self._lock:
+            mine = [conn for conn in self._all if conn.pid == os.getpid()]
+            self._all = []
+        for conn in mine:
+            conn.db.close()
+        self._local = threading.local()
+
+    def __len__(self) -> int:
+        """How many keys the file holds now (for tests of bounded storage)."""
+        row = self._connection().db.execute("SELECT count(*) FROM tc_meta").fetchone()
+        return int(row[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable for multiprocessing "spawn": the child opens the same file itself.
+        # (An injected clock does not travel: the child uses the host clock.)
+        return (_reopen, (self.path, self.busy_timeout))
+
+    def __repr__(self) -> str:
+        return f"SQLiteBackend({str(self.path)!r})"
+
+
+def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
+    return SQLiteBackend(path, busy_timeout=busy_timeout)
+
+
+def _sweep(db: sqlite3.Connection, now: int) -> None:
+    """Forget a batch of keys that expired: nothing in their logs can matter any more."""
+    keys = db.execute(_EXPIRED, (now, _SWEEP_BATCH)).fetchall()
+    db.executemany(_FORGET_ENTRIES, keys)
+    db.executemany(_FORGET_META, keys)
+
+
+def _translate(exc: sqlite3.Error, path: Path) -> BackendError:
+    if isinstance(exc, sqlite3.OperationalError):
+        # Locked past the busy timeout, unreadable file, missing directory, full disk.
+        return BackendUnavailable(f"SQLite store {str(path)!r} is unavailable: {exc}")
+    return BackendError(f"SQLite store {str(path)!r} answered with an error: {exc}")
