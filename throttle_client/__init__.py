@@ -13,7 +13,6 @@ from ._errors import (
     ThrottleError,
     ThrottleTimeout,
 )
-from ._failure import LocalFallback
 from ._limiter import AsyncLimiter, Limiter
 from ._memory import MemoryBackend
 from ._ops import AsyncBackend, Backend
@@ -35,7 +34,6 @@ __all__ = [
     "CostTooHigh",
     "Decision",
     "Limiter",
-    "LocalFallback",
     "MemoryBackend",
     "Rate",
     "RateUsage",
