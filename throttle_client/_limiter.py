@@ -16,7 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from ._errors import ConfigurationError, CostTooHigh, ThrottleTimeout
+import tenacity
+
+from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
+from ._failure import FailureGuard, OnUnavailable, shrink
 from ._keys import check_namespace, resolve_secret, store_key
 from ._ops import (
     Acquire,
@@ -52,6 +55,8 @@ class _LimiterCore:
         namespace: str = "default",
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
+        on_unavailable: OnUnavailable = "raise",
+        retry_for: float | timedelta = 1.0,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not listed:
@@ -69,6 +74,7 @@ class _LimiterCore:
             min_interval_us=round(gap * US),
         )
         self._max_cost = min(rate.limit for rate in self.rates)
+        self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
 
     # -- validation -----------------------------------------------------------------
 
@@ -182,6 +188,10 @@ class Limiter(_LimiterCore):
     >>> limiter.acquire(token, timeout=30)   # waits its turn, or ThrottleTimeout
     >>> limiter.try_acquire(token).retry_after
 
+    ``on_unavailable`` says what happens when the store cannot be reached after
+    ``retry_for`` seconds of retries: ``"raise"`` (BackendUnavailable, the default),
+    ``"allow"`` (fail open) or ``LocalFallback(expected_workers=N)``.
+
     ``clock`` and ``sleep`` are for tests (see ``throttle_client.testing``). With a
     clock, Redis follows it instead of its own TIME.
     """
@@ -196,6 +206,8 @@ class Limiter(_LimiterCore):
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        on_unavailable: OnUnavailable = "raise",
+        retry_for: float | timedelta = 1.0,
     ) -> None:
         if inspect.iscoroutinefunction(getattr(backend, "execute", None)):
             raise TypeError(f"{type(backend).__name__} is asynchronous: use AsyncLimiter with it")
@@ -207,12 +219,30 @@ class Limiter(_LimiterCore):
             namespace=namespace,
             key_secret=key_secret,
             clock=clock,
+            on_unavailable=on_unavailable,
+            retry_for=retry_for,
         )
         self.backend = backend
         self._sleep = sleep
 
     def _execute(self, op: Op[T]) -> T:
-        return self.backend.execute(op)
+        """Ask the store, retrying what may pass; if it stays silent, the policy answers."""
+        guard = self._guard
+        if not guard.store_resting():
+            started = time.monotonic()
+            try:
+                result = self.backend.execute(op)  # the common case: no retry machinery
+            except BackendUnavailable:
+                try:
+                    for attempt in tenacity.Retrying(**guard.retry_options(op, started)):
+                        with attempt:
+                            result = self.backend.execute(shrink(op, started))
+                except BackendUnavailable as exc:
+                    guard.failed(exc)
+                    return guard.substitute(op)()
+            guard.succeeded()
+            return result
+        return guard.substitute(op)()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now; a refusal records nothing."""
@@ -264,6 +294,8 @@ class AsyncLimiter(_LimiterCore):
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        on_unavailable: OnUnavailable = "raise",
+        retry_for: float | timedelta = 1.0,
     ) -> None:
         super().__init__(
             rates=rates,
@@ -271,12 +303,30 @@ class AsyncLimiter(_LimiterCore):
             namespace=namespace,
             key_secret=key_secret,
             clock=clock,
+            on_unavailable=on_unavailable,
+            retry_for=retry_for,
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
 
     async def _execute(self, op: Op[T]) -> T:
-        return await self.backend.execute(op)
+        """As Limiter._execute, awaiting the store."""
+        guard = self._guard
+        if not guard.store_resting():
+            started = time.monotonic()
+            try:
+                result = await self.backend.execute(op)
+            except BackendUnavailable:
+                try:
+                    async for attempt in tenacity.AsyncRetrying(**guard.retry_options(op, started)):
+                        with attempt:
+                            result = await self.backend.execute(shrink(op, started))
+                except BackendUnavailable as exc:
+                    guard.failed(exc)
+                    return guard.substitute(op)()
+            guard.succeeded()
+            return result
+        return guard.substitute(op)()
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now; a refusal records nothing."""

@@ -17,6 +17,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from ._errors import BackendError, BackendUnavailable
 from ._ops import Acquire, Inspect, Op, Pause, Reset, Snapshot, Verdict
@@ -26,11 +29,19 @@ T = TypeVar("T")
 SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
 
 # Set on clients built from a URL: a hung store must not hang a worker (DESIGN §5).
+# redis-py's own retry only reconnects once, quickly (a pooled connection that died
+# with a restart); the limiter's bounded retry and failure policy do the rest.
 URL_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 2.0,
-    "socket_timeout": 2.0,
+    "socket_connect_timeout": 1.0,
+    "socket_timeout": 1.0,
     "health_check_interval": 15,
 }
+
+
+def url_client_options(*, asyncio: bool) -> dict[str, Any]:
+    retry = (AsyncRetry if asyncio else Retry)(ExponentialWithJitterBackoff(0.01, 0.05), 1)
+    return {**URL_CLIENT_OPTIONS, "retry": retry}
+
 
 # Errors after which the store may well answer again: the failure policy applies.
 UNAVAILABLE = (
@@ -97,7 +108,7 @@ class RedisBackend:
     def __init__(self, client: SyncClient | str, *, cluster: bool = False) -> None:
         if isinstance(client, str):
             factory = redis.cluster.RedisCluster if cluster else redis.Redis
-            client = factory.from_url(client, **URL_CLIENT_OPTIONS)
+            client = factory.from_url(client, **url_client_options(asyncio=False))
         elif isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
             raise TypeError("this is an asyncio Redis client: use AsyncRedisBackend with it")
         elif not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
@@ -129,7 +140,7 @@ class AsyncRedisBackend:
     def __init__(self, client: AsyncClient | str, *, cluster: bool = False) -> None:
         if isinstance(client, str):
             factory = redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis
-            client = factory.from_url(client, **URL_CLIENT_OPTIONS)
+            client = factory.from_url(client, **url_client_options(asyncio=True))
         elif isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
             raise TypeError("this is a sync Redis client: use RedisBackend with it")
         elif not isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):

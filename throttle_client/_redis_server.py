@@ -76,8 +76,10 @@ class RedisServer:
     ...     client = redis.Redis.from_url(server.url)
     """
 
-    def __init__(self, port: int | None = None, *, args: tuple[str, ...] = ()) -> None:
-        self.binary = find_binary("redis-server")
+    def __init__(
+        self, port: int | None = None, *, args: tuple[str, ...] = (), binary: str | None = None
+    ) -> None:
+        self.binary = binary or find_binary("redis-server")
         self.port = port or free_port(with_bus="--cluster-enabled" in args)
         self.args = args
         self.dir = Path(tempfile.mkdtemp(prefix=f"throttle-redis-{self.port}-"))

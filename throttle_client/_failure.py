@@ -1,0 +1,173 @@
+"""What a limiter does when its store fails (DESIGN §5).
+
+First, a store error that may pass (a refused or broken connection, a timeout, a
+cluster failover) is retried briefly with tenacity, never past the call's own
+deadline. If the store still does not answer, the limiter's ``on_unavailable``
+policy decides:
+
+- ``"raise"`` (default): BackendUnavailable. Nothing is sent; crawls stall.
+- ``"allow"``: fail open. Every call goes; the upstream's quota may be exceeded.
+- ``LocalFallback(expected_workers=N)``: an in-process limiter holding this
+  worker's share of the quota (each limit divided by N, the minimum interval
+  multiplied by N). The fleet stays within the quota if N is right.
+
+After a failure the store is left alone for ``COOLDOWN`` seconds (calls go
+straight to the policy instead of each waiting on a dead socket); the next call
+after that tries the store again, so recovery needs no restart. A store that
+answers with an error (a key of the wrong type, a script error) is never a reason
+to let a call through: that BackendError always propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+import tenacity
+
+from ._errors import BackendUnavailable, ConfigurationError
+from ._memory import MemoryBackend
+from ._ops import Acquire, Inspect, Op, Pause, Policy, Verdict
+
+T = TypeVar("T")
+log = logging.getLogger("throttle_client")
+
+COOLDOWN = 0.5  # seconds a failed store is left alone before it is tried again
+_RETRY_IF = tenacity.retry_if_exception_type(BackendUnavailable)
+_WAIT = tenacity.wait_random_exponential(multiplier=0.02, max=0.25)
+
+
+@dataclass(frozen=True)
+class LocalFallback:
+    """While the store is unavailable, admit calls from an in-process limiter that
+    holds ``1 / expected_workers`` of each rate (at least one unit) and spaces calls
+    ``expected_workers`` times the minimum interval.
+
+    >>> Limiter(backend, rates=["5000/hour"], on_unavailable=LocalFallback(expected_workers=8))
+    """
+
+    expected_workers: int
+
+    def __post_init__(self) -> None:
+        n = self.expected_workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigurationError(f"expected_workers must be a positive integer, not {n!r}")
+
+    def share(self, policy: Policy) -> Policy:
+        n = self.expected_workers
+        return Policy(
+            limits=tuple((max(1, limit // n), period) for limit, period in policy.limits),
+            min_interval_us=policy.min_interval_us * n,
+        )
+
+
+OnUnavailable = Literal["raise", "allow"] | LocalFallback
+
+
+class FailureGuard:
+    """The no-I/O half of the policy: when to try the store, how to retry, what instead.
+
+    Limiter and AsyncLimiter drive it; they only do the calls.
+    """
+
+    def __init__(self, on_unavailable: OnUnavailable, retry_for: float) -> None:
+        if on_unavailable not in ("raise", "allow") and not isinstance(
+            on_unavailable, LocalFallback
+        ):
+            raise ConfigurationError(
+                "on_unavailable must be 'raise', 'allow' or LocalFallback(expected_workers=N), "
+                f"not {on_unavailable!r}"
+            )
+        if not math.isfinite(retry_for) or retry_for < 0:
+            raise ConfigurationError(f"retry_for must be >= 0 seconds, not {retry_for!r}")
+        self.on_unavailable = on_unavailable
+        self.retry_for = retry_for
+        self.fallback = MemoryBackend() if isinstance(on_unavailable, LocalFallback) else None
+        self._down_until = 0.0
+        self._down = False
+        self.last_error = BackendUnavailable("the store has not answered yet")
+        self._lock = threading.Lock()
+
+    # -- before and after the store is asked ------------------------------------------
+
+    def store_resting(self) -> bool:
+        """True while a recent failure says: don't wait on the store, apply the policy."""
+        return time.monotonic() < self._down_until
+
+    def retry_options(self, op: Op[Any], started: float) -> dict[str, Any]:
+        """tenacity options for the retries of ``op`` after a first failed attempt made
+        at ``started``: BackendUnavailable is retried for at most ``retry_for`` seconds
+        in all, and never past an acquire's own timeout."""
+        budget = self.retry_for
+        if isinstance(op, Acquire) and op.max_wait_us > 0:
+            budget = min(budget, op.max_wait_us / 1_000_000)
+        budget = max(0.0, budget - (time.monotonic() - started))
+        return {
+            "retry": _RETRY_IF,
+            "stop": tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(budget),
+            "wait": _WAIT,
+            "reraise": True,
+        }
+
+    def succeeded(self) -> None:
+        if self._down:
+            with self._lock:
+                if self._down:
+                    self._down = False
+                    log.warning("throttle_client: the store answers again")
+
+    def failed(self, exc: BackendUnavailable) -> None:
+        with self._lock:
+            self.last_error = exc
+            self._down_until = time.monotonic() + COOLDOWN
+            if not self._down:
+                self._down = True
+                log.warning(
+                    "throttle_client: the store is unavailable (%s); policy %r applies",
+                    exc,
+                    self.on_unavailable,
+                )
+
+    # -- instead of the store -----------------------------------------------------------
+
+    def substitute(self, op: Op[T]) -> Callable[[], T]:
+        """What answers ``op`` instead of the store: raises the last store error where
+        the policy gives no answer (always for reset, and for a read under "allow")."""
+        exc = self.last_error
+        if self.fallback is not None and isinstance(op, (Acquire, Inspect, Pause)):
+            assert isinstance(self.on_unavailable, LocalFallback)
+            local = cast(
+                Op[T], dataclasses.replace(op, policy=self.on_unavailable.share(op.policy))
+            )
+            fallback = self.fallback
+            return lambda: fallback.execute(local)
+        if self.on_unavailable == "allow" and isinstance(op, (Acquire, Pause)):
+            now = op.now_us if op.now_us is not None else int(time.time() * 1_000_000)
+            if isinstance(op, Acquire):
+                limits = tuple(limit for limit, _ in op.policy.limits)
+                verdict = Verdict(True, now, now, 0, limits)
+                return lambda: verdict  # type: ignore[return-value]
+            # The pause cannot be shared; the caller still gets its end, as if it held.
+            return lambda: now + op.duration_us  # type: ignore[return-value]
+
+        def unavailable() -> T:
+            raise exc
+
+        return unavailable
+
+
+def shrink(op: Op[T], started: float) -> Op[T]:
+    """``op`` as it must be sent ``time.monotonic() - started`` seconds late: an acquire
+    waits that much less, so retries never stretch it past its timeout. The call id
+    stays, so an attempt that did book its slot is found again, never booked twice."""
+    if isinstance(op, Acquire) and op.max_wait_us > 0:
+        spent = int((time.monotonic() - started) * 1_000_000)
+        if spent > 0:
+            return cast(Op[T], dataclasses.replace(op, max_wait_us=max(0, op.max_wait_us - spent)))
+    return op
