@@ -100,14 +100,17 @@ class FailureGuard:
         """True while a recent failure says: don't wait on the store, apply the policy."""
         return time.monotonic() < self._down_until
 
-    def retry_options(self, op: Op[Any], started: float) -> dict[str, Any]:
+    def retry_options(self, op: Op[Any], started: float) -> dict[str, Any] | None:
         """tenacity options for the retries of ``op`` after a first failed attempt made
         at ``started``: BackendUnavailable is retried for at most ``retry_for`` seconds
-        in all, and never past an acquire's own timeout."""
+        in all, and never past an acquire's own timeout. None when no time is left
+        (a hung store already took it: another attempt would wait a socket timeout)."""
         budget = self.retry_for
         if isinstance(op, Acquire) and op.max_wait_us > 0:
             budget = min(budget, op.max_wait_us / 1_000_000)
-        budget = max(0.0, budget - (time.monotonic() - started))
+        budget -= time.monotonic() - started
+        if budget <= 0:
+            return None
         return {
             "retry": _RETRY_IF,
             "stop": tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(budget),

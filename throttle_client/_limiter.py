@@ -232,9 +232,12 @@ class Limiter(_LimiterCore):
             started = time.monotonic()
             try:
                 result = self.backend.execute(op)  # the common case: no retry machinery
-            except BackendUnavailable:
+            except BackendUnavailable as first:
+                options = guard.retry_options(op, started)
                 try:
-                    for attempt in tenacity.Retrying(**guard.retry_options(op, started)):
+                    if options is None:
+                        raise first
+                    for attempt in tenacity.Retrying(**options):
                         with attempt:
                             result = self.backend.execute(shrink(op, started))
                 except BackendUnavailable as exc:
@@ -316,9 +319,12 @@ class AsyncLimiter(_LimiterCore):
             started = time.monotonic()
             try:
                 result = await self.backend.execute(op)
-            except BackendUnavailable:
+            except BackendUnavailable as first:
+                options = guard.retry_options(op, started)
                 try:
-                    async for attempt in tenacity.AsyncRetrying(**guard.retry_options(op, started)):
+                    if options is None:
+                        raise first
+                    async for attempt in tenacity.AsyncRetrying(**options):
                         with attempt:
                             result = await self.backend.execute(shrink(op, started))
                 except BackendUnavailable as exc:

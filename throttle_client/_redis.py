@@ -18,7 +18,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._errors import BackendError, BackendUnavailable
@@ -29,8 +29,9 @@ T = TypeVar("T")
 SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
 
 # Set on clients built from a URL: a hung store must not hang a worker (DESIGN §5).
-# redis-py's own retry only reconnects once, quickly (a pooled connection that died
-# with a restart); the limiter's bounded retry and failure policy do the rest.
+# No retries inside redis-py (its default is ten, with backoff, and each one may wait
+# a whole socket timeout on a hung server): the limiter's own retry is bounded by
+# the call's deadline, and its first retry reconnects a pooled connection that died.
 URL_CLIENT_OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 1.0,
     "socket_timeout": 1.0,
@@ -39,7 +40,7 @@ URL_CLIENT_OPTIONS: dict[str, Any] = {
 
 
 def url_client_options(*, asyncio: bool) -> dict[str, Any]:
-    retry = (AsyncRetry if asyncio else Retry)(ExponentialWithJitterBackoff(0.01, 0.05), 1)
+    retry = (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
     return {**URL_CLIENT_OPTIONS, "retry": retry}
 
 
@@ -87,9 +88,24 @@ def decode(op: Op[T], reply: Any) -> T:
 
 
 def translate(exc: rx.RedisError) -> BackendError:
+    if _misconfigured(exc):
+        # Waiting will not mend a wrong password or CA: never "unavailable", so a
+        # fail-open policy cannot turn a misconfiguration into unthrottled traffic.
+        return BackendError(f"Redis refused this client's configuration: {exc}")
     if isinstance(exc, UNAVAILABLE):
         return BackendUnavailable(f"Redis is unavailable: {exc}")
     return BackendError(f"Redis answered with an error: {exc}")
+
+
+def _misconfigured(exc: rx.RedisError) -> bool:
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError)):
+        return True
+    return isinstance(exc, rx.ConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
+# A SCRIPT FLUSH can land between redis-py's reload of the script and its EVALSHA;
+# a few more tries are enough, as each one loads the script again.
+_NOSCRIPT_TRIES = 3
 
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster
@@ -118,11 +134,15 @@ class RedisBackend:
 
     def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        try:
-            reply = self._script(keys=keys, args=args)
-        except rx.RedisError as exc:
-            raise translate(exc) from exc
-        return decode(op, reply)
+        for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+            try:
+                return decode(op, self._script(keys=keys, args=args))
+            except rx.NoScriptError as exc:
+                if not tries_left:
+                    raise translate(exc) from exc
+            except rx.RedisError as exc:
+                raise translate(exc) from exc
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.client.close()
@@ -152,11 +172,15 @@ class AsyncRedisBackend:
 
     async def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        try:
-            reply = await self._script(keys=keys, args=args)
-        except rx.RedisError as exc:
-            raise translate(exc) from exc
-        return decode(op, reply)
+        for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+            try:
+                return decode(op, await self._script(keys=keys, args=args))
+            except rx.NoScriptError as exc:
+                if not tries_left:
+                    raise translate(exc) from exc
+            except rx.RedisError as exc:
+                raise translate(exc) from exc
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         await self.client.aclose()
