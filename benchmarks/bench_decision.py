@@ -1,0 +1,306 @@
+"""Cost of one throttling decision over Redis: throttle_client beside the floor and two peers.
+
+Starts its own redis-server on a free loopback port (never a shared one) and runs,
+interleaved round-robin in short batches so that drift (other load on the machine,
+CPU frequency, the log growing) hits every candidate alike:
+
+  floor          a bare EVALSHA of ``return 1`` with one key: one round trip, nothing more
+  tc try_acquire throttle_client ``Limiter.try_acquire``, admitted (10**9/hour)
+  tc refused     ``try_acquire`` on a spent key (1/hour): the refusal path
+  tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
+  limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
+  pyrate         pyrate-limiter's ``Limiter(RedisBucket).try_acquire`` (non-blocking)
+
+each first in 1 worker process, then in 2 worker processes that hit the same key at
+once (the workers start every batch together, at a barrier). It prints p50 / p99
+latency per decision and decisions per second, then Redis memory per logged call
+after 5000 admitted calls (``MEMORY USAGE`` summed over every key written).
+
+    python benchmarks/bench_decision.py            # about 3 s per candidate and phase
+    python benchmarks/bench_decision.py --quick    # a smoke run, well under 20 s
+    python benchmarks/bench_decision.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+# (name, what is expected of every call: admitted or refused)
+CANDIDATES: list[tuple[str, bool]] = [
+    ("floor", True),
+    ("tc try_acquire", True),
+    ("tc refused", False),
+    ("tc acquire", True),
+    ("limits", True),
+    ("pyrate", True),
+]
+HIGH = 10**9  # calls per hour: never reached, so every call is admitted
+MEMORY_ENTRIES = 5000
+
+
+def client(url: str) -> redis.Redis:
+    """The same client settings for the floor and for throttle_client."""
+    return redis.Redis.from_url(url)
+
+
+def build(name: str, url: str) -> Callable[[], object]:
+    """One decision of candidate ``name``, as a zero-argument call (built in the worker)."""
+    if name == "floor":
+        conn = client(url)
+        sha = conn.script_load("return 1")
+        return lambda: conn.evalsha(sha, 1, "bench:floor")
+    if name.startswith("tc "):
+        from throttle_client import Limiter, Rate, RedisBackend
+
+        backend = RedisBackend(client(url))
+        if name == "tc refused":
+            spent = Limiter(backend, rates=[Rate(1, 3600)], namespace="bench-refused")
+            spent.try_acquire("token-refused")  # use the one call; every later one is refused
+            return lambda: spent.try_acquire("token-refused").allowed
+        limiter = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench")
+        if name == "tc acquire":
+            return lambda: limiter.acquire("token-acquire").allowed
+        return lambda: limiter.try_acquire("token-try").allowed
+    if name == "limits":
+        from limits import RateLimitItemPerHour
+        from limits.storage import RedisStorage
+        from limits.strategies import MovingWindowRateLimiter
+
+        moving = MovingWindowRateLimiter(RedisStorage(url))
+        item = RateLimitItemPerHour(HIGH)
+        return lambda: moving.hit(item, "token-limits")
+    if name == "pyrate":
+        from pyrate_limiter import Duration, RedisBucket
+        from pyrate_limiter import Limiter as PyrateLimiter
+        from pyrate_limiter import Rate as PyrateRate
+
+        bucket = RedisBucket.init([PyrateRate(HIGH, Duration.HOUR)], client(url), "bench:pyrate")
+        pyrate = PyrateLimiter(bucket)
+        return lambda: pyrate.try_acquire("token-pyrate", blocking=False)
+    raise ValueError(f"unknown candidate {name!r}")
+
+
+def worker(
+    url: str,
+    names: list[str],
+    rounds: int,
+    batch_seconds: float,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Run every candidate in turn, ``rounds`` times, one timed batch each; report back."""
+    calls = {name: build(name, url) for name in names}
+    expected = dict(CANDIDATES)
+    for call in calls.values():  # warm up: connections, script caches, code paths
+        for _ in range(200):
+            call()
+    latencies = {name: array("q") for name in names}
+    busy = dict.fromkeys(names, 0)  # ns spent inside batches
+    wrong = dict.fromkeys(names, 0)  # calls whose answer was not the expected one
+    clock = time.perf_counter_ns
+    for r in range(rounds):
+        shift = r % len(names)  # rotate, so no candidate always follows the same one
+        for name in names[shift:] + names[:shift]:
+            call, want, lat = calls[name], expected[name], latencies[name]
+            barrier.wait()
+            start = clock()
+            stop = start + int(batch_seconds * 1e9)
+            t1 = start
+            while t1 < stop:
+                t0 = clock()
+                got = call()
+                t1 = clock()
+                lat.append(t1 - t0)
+                if bool(got) is not want:
+                    wrong[name] += 1
+            busy[name] += t1 - start
+    results.put(
+        {
+            name: {"lat": latencies[name].tobytes(), "busy_ns": busy[name], "wrong": wrong[name]}
+            for name in names
+        }
+    )
+
+
+def percentile(ordered: array[int] | list[int], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000  # µs
+
+
+def run_phase(
+    url: str, names: list[str], processes: int, seconds: float, batch: float
+) -> dict[str, dict[str, float]]:
+    ctx = mp.get_context("spawn")  # no inherited sockets or threads
+    barrier = ctx.Barrier(processes)
+    results = ctx.Queue()
+    rounds = max(1, round(seconds / batch))
+    procs = [
+        ctx.Process(target=worker, args=(url, names, rounds, batch, barrier, results))
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    reports = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise SystemExit(f"a benchmark worker failed (exit code {proc.exitcode})")
+    summary: dict[str, dict[str, float]] = {}
+    for name in names:
+        lat = array("q")
+        rate = 0.0
+        wrong = 0
+        for report in reports:
+            mine = array("q")
+            mine.frombytes(report[name]["lat"])
+            lat.extend(mine)
+            rate += len(mine) / (report[name]["busy_ns"] / 1e9)  # each worker's own rate
+            wrong += report[name]["wrong"]
+        ordered = sorted(lat)
+        summary[name] = {
+            "p50_us": percentile(ordered, 0.50),
+            "p99_us": percentile(ordered, 0.99),
+            "per_second": rate,
+            "calls": len(ordered),
+            "unexpected": wrong,
+        }
+    return summary
+
+
+def memory_per_call(url: str) -> dict[str, float]:
+    """Bytes of Redis memory per logged call with MEMORY_ENTRIES calls in one key's log."""
+    conn = client(url)
+    rate_text = f"{MEMORY_ENTRIES}/hour"
+    out: dict[str, float] = {}
+
+    def measure(name: str, call: Callable[[], object]) -> None:
+        conn.flushall()
+        for _ in range(MEMORY_ENTRIES):
+            if not call():
+                raise SystemExit(f"{name}: a call was refused while filling the log")
+        used = sum(conn.memory_usage(key, samples=0) or 0 for key in conn.scan_iter(count=1000))
+        out[name] = used / MEMORY_ENTRIES
+
+    from throttle_client import Limiter, RedisBackend
+
+    limiter = Limiter(RedisBackend(client(url)), rates=[rate_text], namespace="bench-memory")
+    measure("throttle_client", lambda: limiter.try_acquire("token-memory").allowed)
+
+    from limits import parse
+    from limits.storage import RedisStorage
+    from limits.strategies import MovingWindowRateLimiter
+
+    moving = MovingWindowRateLimiter(RedisStorage(url))
+    item = parse(rate_text)
+    measure("limits", lambda: moving.hit(item, "token-memory"))
+
+    from pyrate_limiter import Duration, RedisBucket
+    from pyrate_limiter import Limiter as PyrateLimiter
+    from pyrate_limiter import Rate as PyrateRate
+
+    bucket = RedisBucket.init([PyrateRate(MEMORY_ENTRIES, Duration.HOUR)], client(url), "bm")
+    pyrate = PyrateLimiter(bucket)
+    measure("pyrate", lambda: pyrate.try_acquire("token-memory", blocking=False))
+    pyrate.close()
+    conn.flushall()
+    return out
+
+
+def processes(n: int) -> str:
+    return f"{n} process" + ("es" if n > 1 else "")
+
+
+def render(phases: dict[int, dict[str, dict[str, float]]], memory: dict[str, float]) -> str:
+    counts = sorted(phases)
+    lines = [
+        f"{'':<16}" + "".join(f"{f'-- {processes(n)} --':^27}   " for n in counts),
+        f"{'candidate':<16}"
+        + "".join(f"{'p50 µs':>9}{'p99 µs':>9}{'dec/s':>9}   " for _ in counts),
+    ]
+    for name, _ in CANDIDATES:
+        row = f"{name:<16}"
+        for n in counts:
+            s = phases[n][name]
+            row += f"{s['p50_us']:>9.1f}{s['p99_us']:>9.1f}{s['per_second']:>9.0f}   "
+        lines.append(row)
+    lines = [line.rstrip() for line in lines]
+    lines.append("")
+    for n in counts:
+        p50 = {name: s["p50_us"] for name, s in phases[n].items()}
+        ratios = ", ".join(f"{name} {p50[name] / p50['floor']:.2f}x" for name, _ in CANDIDATES[1:])
+        lines.append(f"p50 / floor p50, {processes(n)}: {ratios}")
+    for n in counts:
+        p50 = {name: s["p50_us"] for name, s in phases[n].items()}
+        ours = p50["tc try_acquire"]
+        verdicts = [
+            f"{ours / p50['floor']:.2f}x the floor (target <= 1.10x: "
+            f"{'met' if ours <= 1.10 * p50['floor'] else 'MISSED'})",
+            *(
+                f"{'no slower' if ours <= p50[peer] else 'SLOWER'} than {peer}"
+                for peer in ("limits", "pyrate")
+            ),
+        ]
+        lines.append(f"target, {processes(n)}: tc try_acquire p50 is " + "; ".join(verdicts))
+    for n in counts:
+        for name, _ in CANDIDATES:
+            if phases[n][name]["unexpected"]:
+                lines.append(
+                    f"WARNING: {name}, {processes(n)}: {phases[n][name]['unexpected']:.0f} "
+                    "calls did not get the expected answer"
+                )
+    lines.append("")
+    lines.append(f"Redis memory per logged call, {MEMORY_ENTRIES} calls in one key's log:")
+    for name, size in memory.items():
+        lines.append(f"  {name:<16}{size:>7.1f} bytes")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per candidate and phase")
+    parser.add_argument("--batch", type=float, default=0.1, help="seconds per interleaved batch")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--redis-server", metavar="PATH", help="the redis-server binary (default: from PATH)"
+    )
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.seconds, opts.batch = 0.4, 0.05
+
+    from throttle_client.testing import RedisServer
+
+    names = [name for name, _ in CANDIDATES]
+    server = RedisServer()
+    if opts.redis_server:
+        server.binary = opts.redis_server
+    with server:
+        version = client(server.url).info("server")["redis_version"]
+        phases = {n: run_phase(server.url, names, n, opts.seconds, opts.batch) for n in (1, 2)}
+        memory = memory_per_call(server.url)
+
+    print(
+        f"redis-server {version} on loopback; Python {platform.python_version()}, "
+        f"redis-py {redis.__version__}, {os.cpu_count()} CPUs; "
+        f"{opts.seconds:g} s per candidate and phase in {opts.batch:g} s interleaved batches"
+    )
+    print()
+    print(render(phases, memory))
+    if opts.json:
+        with open(opts.json, "w") as out:
+            json.dump(
+                {"phases": phases, "memory_bytes_per_call": memory, "redis": version}, out, indent=2
+            )
+
+
+if __name__ == "__main__":
+    main()
