@@ -5,6 +5,7 @@ when?", before each outbound call; a sliding-window log per key (usually an
 access token) in Redis, SQLite or memory answers.
 """
 
+from ._decorator import throttled
 from ._errors import (
     BackendError,
     BackendUnavailable,
@@ -18,8 +19,17 @@ from ._memory import MemoryBackend
 from ._ops import AsyncBackend, Backend
 from ._rate import Rate
 from ._redis import AsyncRedisBackend, RedisBackend
+from ._request_key import request_key
 from ._results import Decision, RateUsage, Usage
 from ._sqlite import SQLiteBackend
+from ._transport import (
+    AsyncThrottledClient,
+    AsyncThrottledTransport,
+    RetryPolicy,
+    Route,
+    ThrottledClient,
+    ThrottledTransport,
+)
 
 __version__ = "0.1.0"
 
@@ -27,6 +37,8 @@ __all__ = [
     "AsyncBackend",
     "AsyncLimiter",
     "AsyncRedisBackend",
+    "AsyncThrottledClient",
+    "AsyncThrottledTransport",
     "Backend",
     "BackendError",
     "BackendUnavailable",
@@ -38,9 +50,15 @@ __all__ = [
     "Rate",
     "RateUsage",
     "RedisBackend",
+    "RetryPolicy",
+    "Route",
     "SQLiteBackend",
     "ThrottleError",
     "ThrottleTimeout",
+    "ThrottledClient",
+    "ThrottledTransport",
     "Usage",
     "__version__",
+    "request_key",
+    "throttled",
 ]

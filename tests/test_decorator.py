@@ -1,0 +1,179 @@
+"""@throttled on plain functions, coroutine functions and methods."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from throttle_client import (
+    AsyncLimiter,
+    ConfigurationError,
+    Limiter,
+    MemoryBackend,
+    ThrottleTimeout,
+    throttled,
+)
+from throttle_client.testing import FakeClock
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def limiter(clock):
+    return Limiter(MemoryBackend(), rates="2/second", clock=clock, sleep=clock.sleep)
+
+
+@pytest.fixture
+def async_limiter(clock):
+    return AsyncLimiter(MemoryBackend(), rates="2/second", clock=clock, sleep=clock.asleep)
+
+
+def test_waits_for_the_slot_of_the_named_argument(limiter, clock):
+    calls = []
+
+    @throttled(limiter, key="token")
+    def fetch(token: str, url: str) -> str:
+        calls.append((clock(), token))
+        return url.upper()
+
+    assert fetch("a", "x") == "X"
+    assert fetch("a", url="y") == "Y"
+    assert fetch(token="a", url="z") == "Z"  # third call for "a": the window is full
+    assert fetch("b", "w") == "W"  # another key has its own log
+    start = calls[0][0]
+    assert [(t - start, k) for t, k in calls] == [(0, "a"), (0, "a"), (1.0, "a"), (1.0, "b")]
+    assert limiter.usage("a").rates[0].used == 1  # only the call at 1.0 is in the window
+
+
+def test_key_defaults_are_honoured(limiter):
+    @throttled(limiter, key="token")
+    def fetch(url: str, token: str = "default-token") -> str:
+        return url
+
+    fetch("x")
+    assert limiter.usage("default-token").rates[0].used == 1
+
+
+def test_key_and_cost_may_be_computed(limiter):
+    @throttled(limiter, key=lambda user, pages: user["token"], cost=lambda user, pages: pages)
+    def crawl(user: dict, pages: int) -> int:
+        return pages
+
+    assert crawl({"token": "t"}, 2) == 2
+    assert limiter.usage("t").rates[0].used == 2
+
+
+def test_cost_may_name_an_argument(limiter):
+    @throttled(limiter, key="token", cost="units")
+    def bulk(token: str, units: int = 2) -> None:
+        pass
+
+    bulk("t")
+    assert limiter.usage("t").rates[0].used == 2
+
+
+def test_a_key_passed_through_kwargs(limiter):
+    @throttled(limiter, key="token")
+    def fetch(url: str, **options: str) -> str:
+        return url
+
+    fetch("x", token="via-kwargs")
+    assert limiter.usage("via-kwargs").rates[0].used == 1
+    with pytest.raises(TypeError, match="no argument 'token'"):
+        fetch("x")
+
+
+def test_keeps_name_docstring_and_signature(limiter):
+    def fetch(token: str, url: str, *, retries: int = 0) -> bytes:
+        """Fetch a thing."""
+        return b""
+
+    wrapped = throttled(limiter, key="token")(fetch)
+    assert wrapped.__name__ == "fetch"
+    assert wrapped.__doc__ == "Fetch a thing."
+    assert inspect.signature(wrapped) == inspect.signature(fetch)
+    assert wrapped.__wrapped__ is fetch
+
+
+def test_works_on_methods(limiter):
+    class Api:
+        def __init__(self, token: str) -> None:
+            self.token = token
+
+        @throttled(limiter, key=lambda self, path: self.token)
+        def get(self, path: str) -> str:
+            return f"{self.token}:{path}"
+
+        @throttled(limiter, key="account")
+        def get_as(self, account: str) -> str:
+            return account
+
+    assert Api("t1").get("/me") == "t1:/me"
+    assert Api("t1").get_as("acct") == "acct"
+    assert limiter.usage("t1").rates[0].used == 1
+    assert limiter.usage("acct").rates[0].used == 1
+
+
+def test_timeout_raises_and_does_not_call(limiter):
+    calls = []
+
+    @throttled(limiter, key="token", timeout=0.5)
+    def fetch(token: str) -> None:
+        calls.append(token)
+
+    fetch("t")
+    fetch("t")
+    with pytest.raises(ThrottleTimeout) as caught:
+        fetch("t")
+    assert caught.value.retry_after == pytest.approx(1.0)
+    assert calls == ["t", "t"]
+
+
+async def test_coroutine_functions_with_an_async_limiter(async_limiter, clock):
+    calls = []
+
+    @throttled(async_limiter, key="token")
+    async def fetch(token: str, url: str) -> str:
+        """Fetch asynchronously."""
+        calls.append(clock())
+        return url
+
+    assert inspect.iscoroutinefunction(fetch)
+    assert fetch.__doc__ == "Fetch asynchronously."
+    results = [await fetch("t", str(i)) for i in range(3)]
+    assert results == ["0", "1", "2"]
+    assert [t - calls[0] for t in calls] == [0, 0, 1.0]
+    assert (await async_limiter.usage("t")).rates[0].used == 1
+
+
+def test_a_limiter_of_the_wrong_world_is_refused(limiter, async_limiter):
+    with pytest.raises(TypeError, match="coroutine function: throttle it with an AsyncLimiter"):
+
+        @throttled(limiter, key="token")
+        async def afetch(token: str) -> None: ...
+
+    with pytest.raises(TypeError, match="plain function: throttle it with a Limiter"):
+
+        @throttled(async_limiter, key="token")
+        def fetch(token: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"key": "tokn"}, ConfigurationError, "key='tokn' names no argument of"),
+        ({"key": "token", "cost": "units"}, ConfigurationError, "cost='units'"),
+        ({"key": "token", "cost": 0}, ConfigurationError, "not 0"),
+        ({"key": 42}, TypeError, "not 42"),
+        ({"key": "token", "cost": 1.5}, TypeError, "not 1.5"),
+    ],
+)
+def test_bad_options_fail_at_decoration_naming_the_value(limiter, options, error, message):
+    with pytest.raises(error, match=message):
+
+        @throttled(limiter, **options)
+        def fetch(token: str) -> None: ...

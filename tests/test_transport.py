@@ -1,0 +1,506 @@
+"""ThrottledTransport / AsyncThrottledTransport over httpx.MockTransport.
+
+Each behaviour is written once and run sync and async: ``World`` builds the limiter,
+client and calls for either, with a FakeClock so no test really waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from throttle_client import (
+    AsyncLimiter,
+    AsyncThrottledClient,
+    AsyncThrottledTransport,
+    ConfigurationError,
+    Limiter,
+    MemoryBackend,
+    RetryPolicy,
+    Route,
+    ThrottledClient,
+    ThrottledTransport,
+    ThrottleTimeout,
+    request_key,
+)
+from throttle_client.testing import FakeClock
+
+TOKEN = "s3cr3t-t0ken-value"
+URL = "https://api.example.com/items"
+
+
+class Body(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body that remembers whether it was read and closed."""
+
+    def __init__(self) -> None:
+        self.read = False
+        self.closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        self.read = True
+        yield b"{}"
+
+    async def __aiter__(self) -> Any:
+        self.read = True
+        yield b"{}"
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Upstream:
+    """A scripted upstream: answers from ``script`` in order, then 200s; records sends."""
+
+    def __init__(self, clock: FakeClock, script: list[tuple[int, dict[str, str]]]) -> None:
+        self.clock = clock
+        self.script = list(script)
+        self.sent: list[tuple[float, httpx.Request]] = []
+        self.bodies: list[Body] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((self.clock(), request))
+        status, headers = self.script.pop(0) if self.script else (200, {})
+        body = Body()
+        self.bodies.append(body)
+        return httpx.Response(status, headers=headers, stream=body)
+
+    @property
+    def times(self) -> list[float]:
+        return [t - self.clock.start for t, _ in self.sent]
+
+
+class World:
+    """Limiters, clients and calls for one mode ("sync" or "async")."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.clock = FakeClock(start=time.time())  # epoch-like, for HTTP-dates and resets
+        self.clock.start = self.clock.now  # type: ignore[attr-defined]
+        self.loop = asyncio.new_event_loop()
+        self.sleep_hook: Callable[[], Any] | None = None
+
+    def _take_hook(self) -> Callable[[], Any] | None:
+        hook, self.sleep_hook = self.sleep_hook, None
+        return hook
+
+    def _sleep(self, seconds: float) -> None:
+        self.clock.sleep(seconds)
+        hook = self._take_hook()
+        if hook is not None:
+            hook()
+
+    async def _asleep(self, seconds: float) -> None:
+        self.clock.sleep(seconds)
+        hook = self._take_hook()
+        if hook is not None:
+            await hook()
+        await asyncio.sleep(0)
+
+    def limiter(self, rates: Any = "10/second", **kwargs: Any) -> Any:
+        kwargs.setdefault("clock", self.clock)
+        if self.mode == "sync":
+            return Limiter(MemoryBackend(), rates=rates, sleep=self._sleep, **kwargs)
+        return AsyncLimiter(MemoryBackend(), rates=rates, sleep=self._asleep, **kwargs)
+
+    def run(self, value: Any) -> Any:
+        return self.loop.run_until_complete(value) if asyncio.iscoroutine(value) else value
+
+    def client(self, limiter: Any, upstream: Upstream, **kwargs: Any) -> Any:
+        mock = httpx.MockTransport(upstream)
+        if self.mode == "sync":
+            return ThrottledClient(limiter, transport=mock, **kwargs)
+        return AsyncThrottledClient(limiter, transport=mock, **kwargs)
+
+    def transport(self, limiter: Any, **kwargs: Any) -> Any:
+        cls = ThrottledTransport if self.mode == "sync" else AsyncThrottledTransport
+        return cls(limiter, **kwargs)
+
+    def request(self, client: Any, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        response: httpx.Response = self.run(client.request(method, url, **kwargs))
+        return response
+
+    def get(self, client: Any, url: str = URL, **kwargs: Any) -> httpx.Response:
+        kwargs.setdefault("headers", {"Authorization": f"Bearer {TOKEN}"})
+        return self.request(client, "GET", url, **kwargs)
+
+    def send_streaming(self, client: Any) -> httpx.Response:
+        """A GET whose body the client leaves unread: what the transport closed shows."""
+        request = client.build_request("GET", URL, headers={"Authorization": f"Bearer {TOKEN}"})
+        response: httpx.Response = self.run(client.send(request, stream=True))
+        return response
+
+    def usage(self, limiter: Any, key: str) -> Any:
+        return self.run(limiter.usage(key))
+
+    def close(self, client: Any) -> None:
+        self.run(client.close() if self.mode == "sync" else client.aclose())
+
+
+@pytest.fixture(params=["sync", "async"])
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    w = World(request.param)
+    yield w
+    w.loop.close()
+
+
+# -- the key and the route -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "key"),
+    [
+        (URL, {"Authorization": f"Bearer {TOKEN}"}, TOKEN),
+        (URL, {"Authorization": f"token {TOKEN}"}, TOKEN),
+        (URL, {"Authorization": f"BEARER   {TOKEN} "}, TOKEN),
+        (URL + f"?access_token={TOKEN}&page=2", {}, TOKEN),
+        (URL, {"Authorization": "Basic dXNlcjpwYXNz"}, "api.example.com"),
+        (URL, {"Authorization": "Bearer "}, "api.example.com"),
+        (URL, {}, "api.example.com"),
+    ],
+)
+def test_default_key(world, url, headers, key):
+    assert request_key(httpx.Request("GET", url, headers=headers)) == key
+    limiter = world.limiter()
+    client = world.client(limiter, Upstream(world.clock, []))
+    assert world.request(client, "GET", url, headers=headers).status_code == 200
+    assert world.usage(limiter, key).rates[0].used == 1
+    world.close(client)
+
+
+def test_a_callable_key_replaces_the_default(world):
+    limiter = world.limiter()
+    client = world.client(
+        limiter, Upstream(world.clock, []), key=lambda request: request.headers["X-Account"]
+    )
+    world.get(client, headers={"X-Account": "acct-7", "Authorization": f"Bearer {TOKEN}"})
+    assert world.usage(limiter, "acct-7").rates[0].used == 1
+    assert world.usage(limiter, TOKEN).rates[0].used == 0
+    world.close(client)
+
+
+def test_cost_may_be_computed_from_the_request(world):
+    limiter = world.limiter()
+    client = world.client(
+        limiter,
+        Upstream(world.clock, []),
+        cost=lambda request: 3 if request.url.path.startswith("/bulk") else 1,
+    )
+    world.get(client, "https://api.example.com/bulk/x")
+    world.get(client)
+    assert world.usage(limiter, TOKEN).rates[0].used == 4
+    world.close(client)
+
+
+def test_routes_pick_a_limiter_by_host_and_path_prefix(world):
+    core = world.limiter("100/second")
+    search = world.limiter("2/second")
+    other_host = world.limiter("100/second")
+    upstream = Upstream(world.clock, [])
+    client = world.client(
+        core,
+        upstream,
+        routes=[
+            Route(search, host="api.example.com", path="/search"),
+            Route(other_host, host="uploads.example.com"),
+        ],
+    )
+    for path in ("/search", "/search/code", "/searchable", "/user"):
+        world.get(client, "https://api.example.com" + path)
+    world.get(client, "https://uploads.example.com/search")
+    assert world.usage(search, TOKEN).rates[0].used == 2  # /search and /search/code only
+    assert world.usage(core, TOKEN).rates[0].used == 2
+    assert world.usage(other_host, TOKEN).rates[0].used == 1
+    world.close(client)
+
+
+def test_without_a_default_limiter_unrouted_requests_pass_unthrottled(world):
+    search = world.limiter("1/second")
+    upstream = Upstream(world.clock, [])
+    client = world.client(None, upstream, routes=[Route(search, path="/search")])
+    for _ in range(3):
+        world.get(client, "https://api.example.com/user")
+    assert world.clock.slept == []  # three calls at one instant: nothing held them
+    world.get(client, "https://api.example.com/search")
+    world.get(client, "https://api.example.com/search")
+    assert world.clock.slept == [1.0]
+    assert len(upstream.sent) == 5
+    world.close(client)
+
+
+# -- retries and pauses ------------------------------------------------------------------------
+
+
+def test_a_429_pauses_the_key_and_is_retried_after_the_pause(world):
+    limiter = world.limiter()
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "3"})])
+    client = world.client(limiter, upstream)
+    response = world.send_streaming(client)
+    assert response.status_code == 200
+    assert upstream.times == [0.0, pytest.approx(3.0)]
+    first = upstream.bodies[0]
+    assert first.read and first.closed  # drained, so its connection goes back to the pool
+    assert not upstream.bodies[1].read and not upstream.bodies[1].closed  # the caller's
+    world.run(response.aclose() if world.mode == "async" else response.close())
+    world.close(client)
+
+
+def test_the_pause_holds_every_request_of_the_key_not_only_the_retry(world):
+    limiter = world.limiter()
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "5"})])
+    client = world.client(limiter, upstream, retry=RetryPolicy(max_attempts=1))
+    assert world.get(client).status_code == 429
+    assert world.usage(limiter, TOKEN).paused_for == pytest.approx(5.0)
+    world.get(client)
+    assert upstream.times == [0.0, pytest.approx(5.0)]
+    world.close(client)
+
+
+def test_a_503_with_retry_after_is_retried_a_503_without_is_not(world):
+    upstream = Upstream(world.clock, [(503, {"Retry-After": "1"}), (503, {})])
+    client = world.client(world.limiter(), upstream)
+    assert world.get(client).status_code == 503  # the second 503, returned as is
+    assert len(upstream.sent) == 2
+    world.close(client)
+
+
+def test_when_attempts_run_out_the_last_response_is_returned(world):
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "1"})] * 5)
+    client = world.client(world.limiter(), upstream, retry=RetryPolicy(max_attempts=3))
+    response = world.send_streaming(client)
+    assert response.status_code == 429
+    assert len(upstream.sent) == 3
+    assert [b.closed for b in upstream.bodies] == [True, True, False]
+    # Still readable: the caller sees what the upstream said.
+    world.run(response.aread() if world.mode == "async" else response.read())
+    assert response.json() == {}
+    world.close(client)
+
+
+def test_a_429_without_usable_retry_after_backs_off_growing(world):
+    upstream = Upstream(world.clock, [(429, {})] * 3 + [(429, {"Retry-After": "soon"})])
+    client = world.client(world.limiter(), upstream, retry=RetryPolicy(max_attempts=5))
+    assert world.get(client).status_code == 200
+    gaps = [b - a for a, b in itertools.pairwise(upstream.times)]
+    assert gaps == [pytest.approx(1.0), pytest.approx(2.0), pytest.approx(4.0), pytest.approx(8.0)]
+    world.close(client)
+
+
+def test_non_idempotent_methods_pause_but_are_not_retried(world):
+    limiter = world.limiter()
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "2"})])
+    client = world.client(limiter, upstream)
+    response = world.request(
+        client, "POST", URL, json={"a": 1}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert response.status_code == 429
+    assert len(upstream.sent) == 1
+    assert world.usage(limiter, TOKEN).paused_for == pytest.approx(2.0)
+    world.close(client)
+
+
+def test_retry_methods_are_configurable(world):
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "1"})])
+    client = world.client(world.limiter(), upstream, retry=RetryPolicy(methods=frozenset({"post"})))
+    response = world.request(
+        client, "POST", URL, content=b"x", headers={"Authorization": "Bearer t"}
+    )
+    assert response.status_code == 200
+    assert [r.content for _, r in upstream.sent] == [b"x", b"x"]
+    world.close(client)
+
+
+def test_a_streamed_body_is_never_sent_twice(world):
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "1"})])
+    client = world.client(world.limiter(), upstream)
+
+    def chunks() -> Iterator[bytes]:
+        yield b"part"
+
+    async def achunks() -> Any:
+        yield b"part"
+
+    body = chunks() if world.mode == "sync" else achunks()
+    response = world.request(
+        client, "PUT", URL, content=body, headers={"Authorization": "Bearer t"}
+    )
+    assert response.status_code == 429
+    assert len(upstream.sent) == 1
+    world.close(client)
+
+
+def test_quota_spent_headers_pause_without_retrying(world):
+    limiter = world.limiter()
+    reset = int(world.clock()) + 20
+    upstream = Upstream(
+        world.clock, [(200, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(reset)})]
+    )
+    client = world.client(limiter, upstream)
+    assert world.get(client).status_code == 200
+    assert len(upstream.sent) == 1
+    world.get(client)
+    assert upstream.times[1] == pytest.approx(reset - upstream.clock.start, abs=0.01)
+    world.close(client)
+
+
+def test_ietf_headers_pause_too(world):
+    limiter = world.limiter()
+    upstream = Upstream(world.clock, [(200, {"RateLimit": '"default";r=0;t=6'})])
+    client = world.client(limiter, upstream)
+    world.get(client)
+    world.get(client)
+    assert upstream.times == [0.0, pytest.approx(6.0)]
+    world.close(client)
+
+
+def test_max_pause_caps_what_a_header_may_impose(world):
+    upstream = Upstream(world.clock, [(429, {"Retry-After": "86400"})])
+    client = world.client(world.limiter(), upstream, retry=RetryPolicy(max_pause=30))
+    assert world.get(client).status_code == 200
+    assert upstream.times == [0.0, pytest.approx(30.0)]
+    world.close(client)
+
+
+def test_a_pause_set_while_a_request_waits_for_its_slot_holds_it_too(world):
+    """Another worker's 429 lands while this request sleeps towards its booked slot."""
+    limiter = world.limiter("1/second")
+    upstream = Upstream(world.clock, [])
+    client = world.client(limiter, upstream)
+    world.get(client)  # takes the slot at 0; the next one is at 1.0
+
+    # Another worker's 429, landing while this one sleeps towards its slot at 1.0.
+    world.sleep_hook = lambda: limiter.pause(TOKEN, 10)
+    world.get(client)
+    # It did not go at 1.0 into the pause: it queued again behind it (pause set at 1.0).
+    assert upstream.times == [0.0, pytest.approx(11.0)]
+    world.close(client)
+
+
+# -- timeouts, logging, closing ----------------------------------------------------------------
+
+
+def test_acquire_timeout_raises_throttle_timeout_and_sends_nothing(world):
+    limiter = world.limiter("1/minute")
+    upstream = Upstream(world.clock, [])
+    client = world.client(limiter, upstream, acquire_timeout=5)
+    world.get(client)
+    with pytest.raises(ThrottleTimeout) as caught:
+        world.get(client)
+    assert caught.value.retry_after == pytest.approx(60.0)
+    assert len(upstream.sent) == 1
+    world.close(client)
+
+
+def test_logs_say_what_happened_once_and_never_the_token(world, caplog):
+    caplog.set_level(logging.DEBUG, logger="throttle_client")
+    script = [(429, {"Retry-After": "bogus"}), (429, {"Retry-After": "bogus"})]
+    upstream = Upstream(world.clock, script)
+    client = world.client(world.limiter(), upstream)
+    world.get(client, URL + f"?access_token={TOKEN}", headers={})
+    records = [r for r in caplog.records if r.name == "throttle_client"]
+    text = "\n".join(r.getMessage() for r in records)
+    assert TOKEN not in text
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    malformed = [m for m in warnings if "ignored Retry-After" in m]
+    assert len(malformed) == 1  # the second bogus value goes to DEBUG
+    assert any("pausing key#" in m for m in warnings)
+    assert sum("retrying GET api.example.com/items" in r.getMessage() for r in records) == 2
+    world.close(client)
+
+
+def test_closing_closes_the_inner_transport(world):
+    closed = []
+
+    class Inner(httpx.MockTransport):
+        def close(self) -> None:
+            closed.append("close")
+
+        async def aclose(self) -> None:
+            closed.append("aclose")
+
+    limiter = world.limiter()
+    transport = world.transport(limiter, transport=Inner(Upstream(world.clock, [])))
+    if world.mode == "sync":
+        with httpx.Client(transport=transport) as client:
+            client.get(URL)
+        with transport:
+            pass
+        assert closed == ["close", "close"]
+    else:
+
+        async def use() -> None:
+            async with httpx.AsyncClient(transport=transport) as client:
+                await client.get(URL)
+            async with transport:
+                pass
+
+        world.run(use())
+        assert closed == ["aclose", "aclose"]
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def test_a_transport_refuses_a_limiter_of_the_other_world():
+    sync = Limiter(MemoryBackend(), rates="1/second")
+    asynchronous = AsyncLimiter(MemoryBackend(), rates="1/second")
+    with pytest.raises(TypeError, match="AsyncThrottledTransport"):
+        ThrottledTransport(asynchronous)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AsyncLimiter"):
+        AsyncThrottledTransport(sync)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Limiter"):
+        ThrottledTransport(sync, routes=[Route(asynchronous, path="/x")])  # type: ignore[list-item]
+
+
+def test_a_transport_needs_something_to_throttle_with():
+    with pytest.raises(ConfigurationError, match="needs a limiter, routes, or both"):
+        ThrottledTransport()
+
+
+@pytest.mark.parametrize(
+    ("make", "bad"),
+    [
+        (lambda: RetryPolicy(max_attempts=0), "0"),
+        (lambda: RetryPolicy(max_attempts=2.5), "2.5"),  # type: ignore[arg-type]
+        (lambda: RetryPolicy(max_pause=-1), "-1"),
+        (lambda: RetryPolicy(backoff=float("nan")), "nan"),
+        (lambda: Route(None, path="search"), "'search'"),  # type: ignore[arg-type]
+        (lambda: Route(None, host="https://x.com"), "https://x.com"),  # type: ignore[arg-type]
+        (
+            lambda: ThrottledTransport(
+                Limiter(MemoryBackend(), rates="1/second"), acquire_timeout=-2
+            ),
+            "-2",
+        ),
+    ],
+)
+def test_bad_configuration_names_the_value(make, bad):
+    with pytest.raises(ConfigurationError) as caught:
+        make()
+    assert bad in str(caught.value)
+
+
+def test_clients_take_the_usual_httpx_arguments():
+    limiter = Limiter(MemoryBackend(), rates="10/second")
+    seen = []
+    with ThrottledClient(
+        limiter,
+        base_url="https://api.example.com",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        transport=httpx.MockTransport(lambda r: seen.append(r) or httpx.Response(204)),
+    ) as client:
+        assert client.get("/me").status_code == 204
+    assert str(seen[0].url) == "https://api.example.com/me"
+    assert limiter.usage(TOKEN).rates[0].used == 1
+    # Without a transport, the client's own transport options build the inner one.
+    with ThrottledClient(limiter, verify=False, http1=True, limits=httpx.Limits(max_connections=2)):
+        pass

@@ -1,0 +1,136 @@
+"""``@throttled``: a fetch function that waits for its slot before every call.
+
+``_CallPlan`` (no I/O) works out a call's key and cost from its arguments; the two
+wrappers only acquire, in their world, and call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar, cast
+
+from ._errors import ConfigurationError
+from ._limiter import AsyncLimiter, Limiter
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _CallPlan:
+    """Reads the key and cost of a call of ``func`` from its arguments."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        key: str | Callable[..., str],
+        cost: int | str | Callable[..., int],
+    ) -> None:
+        self.signature = inspect.signature(func)
+        self.key = key
+        self.cost = cost
+        for what, spec in (("key", key), ("cost", cost)):
+            if isinstance(spec, str):
+                self._check_name(func, what, spec)
+            elif what == "cost" and isinstance(spec, int) and not isinstance(spec, bool):
+                if spec < 1:
+                    raise ConfigurationError(f"cost must be a positive integer, not {spec!r}")
+            elif not callable(spec):
+                kind = "an argument name or a callable" + (", or an int" if what == "cost" else "")
+                raise TypeError(f"{what} must be {kind}, not {spec!r}")
+
+    def _check_name(self, func: Callable[..., Any], what: str, name: str) -> None:
+        params = self.signature.parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if name not in params and not takes_any:
+            raise ConfigurationError(
+                f"{what}={name!r} names no argument of {func.__qualname__}{self.signature}"
+            )
+
+    def _argument(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if name in bound.arguments and self.signature.parameters[name].kind not in (
+            inspect.Parameter.VAR_KEYWORD,
+            inspect.Parameter.VAR_POSITIONAL,
+        ):
+            return bound.arguments[name]
+        if name in kwargs:  # it came through **kwargs
+            return kwargs[name]
+        raise TypeError(f"the call passed no argument {name!r} to throttle on")
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if isinstance(self.key, str):
+            key: str = self._argument(self.key, args, kwargs)
+            return key
+        return self.key(*args, **kwargs)
+
+    def cost_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        if isinstance(self.cost, int):
+            return self.cost
+        if isinstance(self.cost, str):
+            cost: int = self._argument(self.cost, args, kwargs)
+            return cost
+        return self.cost(*args, **kwargs)
+
+
+def throttled(
+    limiter: Limiter | AsyncLimiter,
+    *,
+    key: str | Callable[..., str],
+    cost: int | str | Callable[..., int] = 1,
+    timeout: float | timedelta | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Make every call of the decorated function wait for its slot first.
+
+    ``key``: the name of the argument that holds the key (usually the token), or a
+    callable over the call's arguments. ``cost``: units per call, fixed, the name of an
+    argument, or a callable over the call's arguments. ``timeout``: the longest wait
+    for a slot; beyond it ``ThrottleTimeout`` is raised and the function is not called.
+    A plain function needs a :class:`Limiter`, a coroutine function an
+    :class:`AsyncLimiter`. Name, docstring and signature are kept; methods work.
+
+    >>> @throttled(limiter, key="token")
+    ... def fetch(token: str, url: str) -> bytes:
+    ...     return httpx.get(url, headers={"Authorization": f"Bearer {token}"}).content
+    >>> @throttled(async_limiter, key=lambda client, user: user.token, cost=2)
+    ... async def profile(client: httpx.AsyncClient, user: User) -> dict: ...
+    """
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        plan = _CallPlan(func, key, cost)
+        if inspect.iscoroutinefunction(func):
+            if not isinstance(limiter, AsyncLimiter):
+                raise TypeError(
+                    f"{func.__qualname__} is a coroutine function: throttle it with an "
+                    f"AsyncLimiter, not {limiter!r}"
+                )
+            async_limiter = limiter
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                await async_limiter.acquire(
+                    plan.key_of(args, kwargs), plan.cost_of(args, kwargs), timeout=timeout
+                )
+                return await func(*args, **kwargs)
+
+            return cast(Callable[P, R], async_wrapper)
+        if not isinstance(limiter, Limiter):
+            raise TypeError(
+                f"{func.__qualname__} is a plain function: throttle it with a Limiter, "
+                f"not {limiter!r}"
+            )
+        sync_limiter = limiter
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            sync_limiter.acquire(
+                plan.key_of(args, kwargs), plan.cost_of(args, kwargs), timeout=timeout
+            )
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,498 @@
+"""httpx transports and clients that ask a limiter before every request.
+
+Every decision (which limiter and key, whether a pause arrived while a request
+waited, how long the upstream wants us to hold off, whether to retry, what to log)
+lives in ``_TransportCore``, which does no I/O. ``ThrottledTransport`` and
+``AsyncThrottledTransport`` only do the I/O of their world: acquire, send, pause,
+drain a discarded response. Retries run on tenacity, from one set of options that
+both share; every attempt goes through ``limiter.acquire`` again, so a retry waits
+for the shared pause and for its own first-come-first-served slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_result,
+    stop_after_attempt,
+    wait_none,
+)
+
+from ._errors import ConfigurationError
+from ._feedback import read_feedback
+from ._limiter import AsyncLimiter, Limiter
+from ._rate import to_seconds
+from ._request_key import key_label, request_key
+from ._results import Decision, Usage
+
+logger = logging.getLogger("throttle_client")
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+# A wait for a slot longer than this is worth a line in the log.
+LONG_WAIT = 10.0
+
+L = TypeVar("L", Limiter, AsyncLimiter)
+KeyFunc = Callable[[httpx.Request], str]
+CostFunc = Callable[[httpx.Request], int]
+
+# httpx.Client options that configure its default transport: ThrottledClient hands
+# them to the inner transport it builds, so they keep working.
+_TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits")
+
+
+@dataclass(frozen=True)
+class Route(Generic[L]):
+    """Requests to ``host`` (any host when None) whose path is ``path`` or lies below
+    it go through ``limiter``. The first matching route wins.
+
+    >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
+    >>> Route(search, host="api.github.com", path="/search")
+    """
+
+    limiter: L
+    host: str | None = None
+    path: str = "/"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise ConfigurationError(f"a route's path must start with '/', not {self.path!r}")
+        if self.host is not None:
+            if not isinstance(self.host, str) or not self.host or "/" in self.host:
+                raise ConfigurationError(f"a route's host must be a bare host name: {self.host!r}")
+            object.__setattr__(self, "host", self.host.lower())
+
+    def matches(self, request: httpx.Request) -> bool:
+        if self.host is not None and request.url.host != self.host:
+            return False
+        prefix = self.path.rstrip("/")
+        path = request.url.path
+        # On a segment boundary: "/search" covers "/search/code", not "/searchable".
+        return not prefix or path == prefix or path.startswith(prefix + "/")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a throttled transport answers an upstream that pushes back.
+
+    ``max_attempts``: sends per request, the first included (1: never retry).
+    ``methods``: the methods worth retrying (idempotent ones by default).
+    ``max_pause``: the longest pause (seconds) any header may impose; longer ones are
+    capped, with a warning. ``backoff``: the pause after a refusal that carries no
+    usable value, doubled at each further attempt.
+
+    >>> ThrottledTransport(limiter, retry=RetryPolicy(max_attempts=5, max_pause=60))
+    """
+
+    max_attempts: int = 3
+    methods: frozenset[str] = IDEMPOTENT_METHODS
+    max_pause: float = 300.0
+    backoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {attempts!r}")
+        for name in ("max_pause", "backoff"):
+            value = to_seconds(getattr(self, name), name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"{name} must be >= 0 seconds and finite, not {value!r}")
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
+
+    def fallback(self, attempt: int) -> float:
+        return min(self.max_pause, self.backoff * 2.0 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class _Plan(Generic[L]):
+    """How one request is throttled."""
+
+    limiter: L
+    key: str
+    cost: int
+    label: str  # what logs may say about the key: a host, or a digest of the token
+    target: str  # "GET host/path": never the query, which may carry a token
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class _Attempt(Generic[L]):
+    plan: _Plan[L]
+    response: httpx.Response
+    retry: bool
+
+
+@dataclass
+class _TransportCore(Generic[L]):
+    """Every decision of a throttled transport; no I/O."""
+
+    kind: type[L]
+    limiter: L | None
+    routes: Sequence[Route[L]]
+    key: KeyFunc
+    cost: int | CostFunc
+    retry: RetryPolicy
+    acquire_timeout: float | timedelta | None
+    _warned: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
+        self.routes = tuple(self.routes)
+        if self.limiter is None and not self.routes:
+            raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
+        for limiter in [self.limiter, *(route.limiter for route in self.routes)]:
+            if limiter is not None and not isinstance(limiter, self.kind):
+                raise TypeError(
+                    f"{transport} needs {self.kind.__name__} objects, not {limiter!r}; "
+                    "use ThrottledTransport with a Limiter, AsyncThrottledTransport with "
+                    "an AsyncLimiter"
+                )
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
+        if self.acquire_timeout is not None:
+            seconds = to_seconds(self.acquire_timeout, "acquire_timeout")
+            if math.isnan(seconds) or seconds < 0:
+                raise ConfigurationError(f"acquire_timeout must be >= 0, not {seconds!r}")
+            self.acquire_timeout = seconds
+
+    # -- before sending ---------------------------------------------------------------
+
+    def plan(self, request: httpx.Request) -> _Plan[L] | None:
+        """The limiter, key and cost of ``request``; None: it passes unthrottled."""
+        limiter = next((r.limiter for r in self.routes if r.matches(request)), self.limiter)
+        if limiter is None:
+            return None
+        key = self.key(request)
+        return _Plan(
+            limiter=limiter,
+            key=key,
+            cost=self.cost if isinstance(self.cost, int) else self.cost(request),
+            label=key_label(key, request),
+            target=f"{request.method} {request.url.host}{request.url.path}",
+            retryable=request.method in self.retry.methods
+            # A streamed body cannot be sent twice.
+            and isinstance(request.stream, httpx.ByteStream),
+        )
+
+    def timeout_left(self, started: float) -> float | None:
+        if self.acquire_timeout is None:
+            return None
+        assert isinstance(self.acquire_timeout, float)
+        return max(0.0, self.acquire_timeout - (time.monotonic() - started))
+
+    def should_recheck(self, plan: _Plan[L], decision: Decision) -> bool:
+        """After ``acquire``: True if a pause may have arrived while the request slept.
+
+        A slot is booked before the sleep; another worker may hit a 429 meanwhile and
+        pause the key. A request that slept looks once more (one read) before it goes.
+        """
+        if decision.waited > LONG_WAIT:
+            logger.info(
+                "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
+            )
+        return decision.waited > 0
+
+    def paused_meanwhile(self, plan: _Plan[L], usage: Usage) -> bool:
+        if usage.paused_for > 0:
+            logger.info(
+                "%s: %s was paused while it waited; queueing again after the pause",
+                plan.target,
+                plan.label,
+            )
+            return True
+        return False
+
+    # -- after the response -------------------------------------------------------------
+
+    def judge(self, plan: _Plan[L], response: httpx.Response, attempt: int) -> tuple[float, bool]:
+        """Read the upstream's feedback and log it. Answers (seconds to pause the key
+        for every worker, 0 for none; whether to retry this request)."""
+        feedback = read_feedback(
+            response.status_code,
+            response.headers,
+            now=time.time(),
+            max_pause=self.retry.max_pause,
+            fallback=self.retry.fallback(attempt),
+        )
+        for problem in feedback.problems:
+            # One warning per header per transport: a fleet would repeat it on every call.
+            level = logging.DEBUG if problem.header in self._warned else logging.WARNING
+            self._warned.add(problem.header)
+            logger.log(level, "%s from %s (%s)", problem.message, plan.target, plan.label)
+        if feedback.pause:
+            if feedback.refused:
+                logger.warning(
+                    "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
+                    plan.target,
+                    response.status_code,
+                    plan.label,
+                    feedback.pause,
+                    feedback.reason,
+                )
+            else:
+                logger.info(
+                    "upstream says the quota of %s is spent: pausing it for %.2fs (%s)",
+                    plan.label,
+                    feedback.pause,
+                    feedback.reason,
+                )
+        return feedback.pause or 0.0, feedback.refused and plan.retryable
+
+    def retry_options(self) -> dict[str, Any]:
+        """The tenacity options both transports build their Retrying from.
+
+        No wait of tenacity's own: the next attempt's ``acquire`` waits for the shared
+        pause and its own slot. When attempts run out, the last response is returned.
+        """
+        return {
+            "stop": stop_after_attempt(self.retry.max_attempts),
+            "wait": wait_none(),
+            "retry": retry_if_result(lambda attempt: attempt.retry),
+            "retry_error_callback": lambda state: state.outcome.result(),
+        }
+
+    def discarded(self, state: RetryCallState) -> _Attempt[L]:
+        """The attempt tenacity is about to retry: log it; the caller drains it."""
+        assert state.outcome is not None
+        attempt: _Attempt[L] = state.outcome.result()
+        logger.info(
+            "retrying %s for %s (attempt %d of %d) after HTTP %d",
+            attempt.plan.target,
+            attempt.plan.label,
+            state.attempt_number + 1,
+            self.retry.max_attempts,
+            attempt.response.status_code,
+        )
+        return attempt
+
+
+def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The inner transport's share of httpx.Client arguments. ``proxy`` moves there
+    entirely: left to the client it would mount a transport that bypasses the limiter."""
+    options = {name: kwargs[name] for name in _TRANSPORT_OPTIONS if name in kwargs}
+    if "proxy" in kwargs:
+        options["proxy"] = kwargs.pop("proxy")
+    return options
+
+
+class ThrottledTransport(httpx.BaseTransport):
+    """An httpx transport that waits for the limiter before each request and pauses
+    the key for every worker when the upstream pushes back.
+
+    >>> limiter = Limiter(RedisBackend(url), rates=["5000/hour"], min_interval=0.1)
+    >>> client = httpx.Client(transport=ThrottledTransport(limiter))
+    >>> client.get("https://api.example.com/me", headers={"Authorization": "Bearer t"})
+
+    ``key``: the request's key, by default its access token, else its host
+    (:func:`request_key`). ``routes``: limiters for some hosts/paths (the first match
+    wins); what matches none uses ``limiter``, or passes unthrottled when it is None.
+    ``cost``: units per request, or a function of the request. ``retry``: see
+    :class:`RetryPolicy`. ``acquire_timeout``: the longest wait for a slot (None: no
+    limit); beyond it ``ThrottleTimeout`` propagates to the caller and nothing is sent.
+    When the attempts run out the last response is returned, whatever its status.
+    Closing the transport closes ``transport`` (default ``httpx.HTTPTransport()``).
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        routes: Sequence[Route[Limiter]] = (),
+        key: KeyFunc = request_key,
+        cost: int | CostFunc = 1,
+        retry: RetryPolicy = RetryPolicy(),
+        acquire_timeout: float | timedelta | None = None,
+    ) -> None:
+        self._core = _TransportCore(Limiter, limiter, routes, key, cost, retry, acquire_timeout)
+        self._transport = transport if transport is not None else httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        plan = self._core.plan(request)
+        if plan is None:
+            return self._transport.handle_request(request)
+        attempts = itertools.count(1)
+
+        def attempt() -> _Attempt[Limiter]:
+            self._admit(plan)
+            response = self._transport.handle_request(request)
+            pause, retry = self._core.judge(plan, response, next(attempts))
+            if pause > 0:
+                plan.limiter.pause(plan.key, pause)
+            return _Attempt(plan, response, retry)
+
+        retrying = Retrying(before_sleep=self._discard, **self._core.retry_options())
+        result: _Attempt[Limiter] = retrying(attempt)
+        return result.response
+
+    def _admit(self, plan: _Plan[Limiter]) -> None:
+        started = time.monotonic()
+        while True:
+            timeout = self._core.timeout_left(started)
+            decision = plan.limiter.acquire(plan.key, plan.cost, timeout=timeout)
+            if not self._core.should_recheck(plan, decision):
+                return
+            if not self._core.paused_meanwhile(plan, plan.limiter.usage(plan.key)):
+                return
+
+    def _discard(self, state: RetryCallState) -> None:
+        response = self._core.discarded(state).response
+        try:
+            response.read()  # a drained response gives its connection back to the pool
+        except httpx.TransportError:
+            pass  # the body of a response we throw away is not worth an error
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class AsyncThrottledTransport(httpx.AsyncBaseTransport):
+    """The asyncio twin of :class:`ThrottledTransport`, over an :class:`AsyncLimiter`.
+
+    >>> limiter = AsyncLimiter(AsyncRedisBackend(url), rates=["5000/hour"])
+    >>> async with httpx.AsyncClient(transport=AsyncThrottledTransport(limiter)) as client:
+    ...     await client.get("https://api.example.com/me", params={"access_token": t})
+    """
+
+    def __init__(
+        self,
+        limiter: AsyncLimiter | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        routes: Sequence[Route[AsyncLimiter]] = (),
+        key: KeyFunc = request_key,
+        cost: int | CostFunc = 1,
+        retry: RetryPolicy = RetryPolicy(),
+        acquire_timeout: float | timedelta | None = None,
+    ) -> None:
+        self._core = _TransportCore(
+            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout
+        )
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        plan = self._core.plan(request)
+        if plan is None:
+            return await self._transport.handle_async_request(request)
+        attempts = itertools.count(1)
+
+        async def attempt() -> _Attempt[AsyncLimiter]:
+            await self._admit(plan)
+            response = await self._transport.handle_async_request(request)
+            pause, retry = self._core.judge(plan, response, next(attempts))
+            if pause > 0:
+                await plan.limiter.pause(plan.key, pause)
+            return _Attempt(plan, response, retry)
+
+        retrying = AsyncRetrying(before_sleep=self._discard, **self._core.retry_options())
+        result: _Attempt[AsyncLimiter] = await retrying(attempt)
+        return result.response
+
+    async def _admit(self, plan: _Plan[AsyncLimiter]) -> None:
+        started = time.monotonic()
+        while True:
+            timeout = self._core.timeout_left(started)
+            decision = await plan.limiter.acquire(plan.key, plan.cost, timeout=timeout)
+            if not self._core.should_recheck(plan, decision):
+                return
+            if not self._core.paused_meanwhile(plan, await plan.limiter.usage(plan.key)):
+                return
+
+    async def _discard(self, state: RetryCallState) -> None:
+        response = self._core.discarded(state).response
+        try:
+            await response.aread()  # a drained response gives its connection back
+        except httpx.TransportError:
+            pass  # the body of a response we throw away is not worth an error
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+class ThrottledClient(httpx.Client):
+    """An ``httpx.Client`` whose every request goes through a :class:`ThrottledTransport`.
+
+    >>> with ThrottledClient(limiter, base_url="https://api.github.com",
+    ...                      routes=[Route(search_limiter, path="/search")]) as client:
+    ...     client.get("/user", headers={"Authorization": "token t"})
+
+    Takes the throttling arguments of :class:`ThrottledTransport` and every usual
+    ``httpx.Client`` argument. ``transport`` is the inner transport; without one, the
+    client's ``verify``/``cert``/``http2``/``limits``/``proxy``/``trust_env`` build it.
+    Transports in ``mounts`` are not throttled: wrap them in ThrottledTransport yourself.
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter | None = None,
+        *,
+        routes: Sequence[Route[Limiter]] = (),
+        key: KeyFunc = request_key,
+        cost: int | CostFunc = 1,
+        retry: RetryPolicy = RetryPolicy(),
+        acquire_timeout: float | timedelta | None = None,
+        transport: httpx.BaseTransport | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if transport is None:
+            transport = httpx.HTTPTransport(**_client_transport_options(kwargs))
+        throttled = ThrottledTransport(
+            limiter,
+            transport=transport,
+            routes=routes,
+            key=key,
+            cost=cost,
+            retry=retry,
+            acquire_timeout=acquire_timeout,
+        )
+        super().__init__(transport=throttled, **kwargs)
+
+
+class AsyncThrottledClient(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` whose every request goes through an
+    :class:`AsyncThrottledTransport`; arguments as for :class:`ThrottledClient`.
+
+    >>> async with AsyncThrottledClient(limiter, base_url=upstream) as client:
+    ...     await client.get("/items", headers={"Authorization": "Bearer t"})
+    """
+
+    def __init__(
+        self,
+        limiter: AsyncLimiter | None = None,
+        *,
+        routes: Sequence[Route[AsyncLimiter]] = (),
+        key: KeyFunc = request_key,
+        cost: int | CostFunc = 1,
+        retry: RetryPolicy = RetryPolicy(),
+        acquire_timeout: float | timedelta | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(**_client_transport_options(kwargs))
+        throttled = AsyncThrottledTransport(
+            limiter,
+            transport=transport,
+            routes=routes,
+            key=key,
+            cost=cost,
+            retry=retry,
+            acquire_timeout=acquire_timeout,
+        )
+        super().__init__(transport=throttled, **kwargs)
