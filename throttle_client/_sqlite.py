@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from . import _log
 from ._errors import BackendError, BackendUnavailable, ConfigurationError
-from ._ops import Op, ThreadedAsync
+from ._ops import Inspect, Op, ThreadedAsync
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ _SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much
 class _SQLiteLog:
     """One key's log inside the current transaction of ``db`` (``_log.LogView``)."""
 
-    def __init__(self, db: sqlite3.Connection, key: str, now: int) -> None:
+    def __init__(self, db: sqlite3.Connection, key: str, now: int, *, writable: bool) -> None:
         self.db = db
         self.key = key
         self.last: int | None = None
@@ -90,14 +90,19 @@ class _SQLiteLog:
         self.pause_until = 0
         self.expires_at = 0
         self.dirty = False  # meta must be written back
+        self.live = True  # False: the stored rows are expired and must be ignored
         row = db.execute(_META, (key,)).fetchone()
         if row is not None:
-            if 0 < row[4] <= now:  # nothing in it matters any more: start afresh
-                self.delete()
-            else:
+            if not 0 < row[4] <= now:
                 self.last, self.total, self.base, self.pause_until, self.expires_at = row
+            elif writable:  # nothing in it matters any more: start afresh
+                self.delete()
+            else:  # a read must not write: look as if the key were gone
+                self.live = False
 
     def _one(self, sql: str, *args: object) -> Any:
+        if not self.live:
+            return None
         row = self.db.execute(sql, (self.key, *args)).fetchone()
         return None if row is None else row[0]
 
@@ -240,18 +245,23 @@ class SQLiteBackend:
     def execute(self, op: Op[T]) -> T:
         conn = self._connection()
         db = conn.db
+        # A read (usage) takes a snapshot and never queues behind writers (WAL); every
+        # other operation takes the write lock first, so its read-decide-write is atomic.
+        writable = not isinstance(op, Inspect)
         try:
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE" if writable else "BEGIN")
             try:
                 now = getattr(op, "now_us", None)
                 if now is None:
                     now = int(self._clock() * 1_000_000)
-                log = _SQLiteLog(db, getattr(op, "key"), now)  # noqa: B009 - every Op has a key
+                key: str = getattr(op, "key")  # noqa: B009 - every Op has a key
+                log = _SQLiteLog(db, key, now, writable=writable)
                 result = _log.execute(log, op, now)
-                log.save()
-                conn.ops += 1
-                if conn.ops % _SWEEP_EVERY == 0:
-                    _sweep(db, now)
+                if writable:
+                    log.save()
+                    conn.ops += 1
+                    if conn.ops % _SWEEP_EVERY == 0:
+                        _sweep(db, now)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
