@@ -97,7 +97,7 @@ class _LimiterCore:
         seconds = to_seconds(timeout, "timeout")
         if math.isnan(seconds) or seconds < 0:
             raise ConfigurationError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
-        return -1 if math.isinf(seconds) else int(seconds * US)
+        return -1 if math.isinf(seconds) else round(seconds * US)
 
     def _now_us(self) -> int | None:
         """The caller's clock, only when one was injected; else the store's own clock."""
