@@ -1,0 +1,246 @@
+"""DESIGN §5 with real redis-server processes: kill -9, SIGSTOP, SCRIPT FLUSH, failover.
+
+Every server here belongs to the test that started it, so it can be killed freely.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.cluster
+
+from tests.workers import failover_worker
+from throttle_client import (
+    BackendError,
+    BackendUnavailable,
+    Limiter,
+    LocalFallback,
+    RedisBackend,
+)
+from throttle_client._failure import COOLDOWN
+from throttle_client._redis import store_keys
+from throttle_client.testing import FakeClock, RedisClusterServers, RedisServer
+from throttle_client.testing import RedisUnavailableError
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    try:
+        server = RedisServer().start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.close()
+
+
+def wait_for_store(limiter: Limiter, key: str, deadline: float) -> float:
+    """Seconds until a try_acquire is answered by the store again."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline:
+        try:
+            limiter.usage(key)
+            return time.monotonic() - start
+        except BackendUnavailable:
+            time.sleep(0.05)
+    raise AssertionError(f"the store did not answer within {deadline}s")
+
+
+def test_raise_policy_then_recovery_without_restart(own_redis: RedisServer) -> None:
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"])
+    assert limiter.try_acquire("token").allowed
+    own_redis.kill()
+    with pytest.raises(BackendUnavailable) as info:
+        limiter.try_acquire("token")
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+    # While resting, the store is not waited on again: the policy answers at once.
+    with pytest.raises(BackendUnavailable):
+        limiter.try_acquire("token")
+    own_redis.start()  # same port, empty dataset
+    assert wait_for_store(limiter, "token", deadline=2.0) <= 2.0
+    assert limiter.try_acquire("token").allowed
+    assert limiter.usage("token").rates[0].used == 1
+
+
+def test_allow_policy_fails_open_and_says_so_once(own_redis, caplog) -> None:
+    limiter = Limiter(
+        RedisBackend(own_redis.url), rates=["1/hour"], on_unavailable="allow", retry_for=0.1
+    )
+    assert limiter.try_acquire("token").allowed
+    assert not limiter.try_acquire("token").allowed  # the store still rules while it answers
+    own_redis.kill()
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        decisions = [limiter.try_acquire("token") for _ in range(5)]
+    assert all(d.allowed for d in decisions)
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "token" not in caplog.text  # the raw key never reaches the logs
+    with pytest.raises(BackendUnavailable):  # a read has no answer under "allow"
+        limiter.usage("token")
+
+
+def test_wrongtype_is_an_error_even_when_failing_open(own_redis: RedisServer) -> None:
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["5/second"], on_unavailable="allow")
+    client = redis.Redis.from_url(own_redis.url)
+    client.set(store_keys(limiter._key("token"))[0], "not a sorted set")
+    with pytest.raises(BackendError) as info:
+        limiter.try_acquire("token")
+    assert not isinstance(info.value, BackendUnavailable)
+    assert "WRONGTYPE" in str(info.value)
+    client.close()
+
+
+def test_local_fallback_keeps_the_fleet_within_the_quota(own_redis: RedisServer) -> None:
+    """N workers, each with its own fallback share: together never above the limit."""
+    workers, limit = 4, 12
+    clock = FakeClock()
+    fleet = [
+        Limiter(
+            RedisBackend(own_redis.url),
+            rates=[f"{limit}/second"],
+            min_interval=0.01,
+            on_unavailable=LocalFallback(expected_workers=workers),
+            retry_for=0.05,
+            clock=clock,
+        )
+        for _ in range(workers)
+    ]
+    own_redis.kill()
+    admitted: list[list[float]] = [[] for _ in fleet]
+    for _ in range(300):  # 3 s of fake time, every worker asking every 10 ms
+        for index, limiter in enumerate(fleet):
+            decision = limiter.try_acquire("token")
+            if decision.allowed:
+                admitted[index].append(clock.now)
+        clock.advance(0.01)
+    everyone = sorted(t for times in admitted for t in times)
+    assert len(everyone) >= workers * (limit // workers) * 2  # the fallback does admit
+    for t in everyone:
+        in_window = [u for u in everyone if t - 1.0 < u <= t + 1e-6]
+        assert len(in_window) <= limit
+    for times in admitted:  # each worker within its share, spaced N times the gap
+        for t in times:
+            assert len([u for u in times if t - 1.0 < u <= t + 1e-6]) <= limit // workers
+        assert all(b - a >= 0.04 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_kill_9_under_load_then_every_worker_recovers(own_redis: RedisServer) -> None:
+    """Several processes work through a kill -9 and a restart on the same port."""
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    start = time.time() + 2.0  # workers start together, after their imports
+    procs = [
+        context.Process(target=failover_worker, args=(own_redis.url, start, 7.0, events))
+        for _ in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        time.sleep(max(0.0, start + 1.5 - time.time()))
+        own_redis.kill()
+        killed = time.time()
+        time.sleep(1.5)
+        own_redis.start()
+        back = time.time()
+        results = [events.get(timeout=30) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    for outcomes in results:
+        assert "error" not in outcomes, outcomes.get("error")
+        ok = outcomes["ok"]
+        unavailable = outcomes["unavailable"]
+        assert any(t < killed for t in ok)  # it worked before
+        assert any(killed <= t < back for t in unavailable)  # the policy applied during
+        first_after = min(t for t in ok if t >= back)  # and it works again after
+        assert first_after - back < 2.0, first_after - back
+
+
+def test_sigstop_longer_than_the_timeout_is_bounded(own_redis: RedisServer) -> None:
+    """A hung store: no call outlives its timeout by more than the client timeout."""
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"])  # 1 s socket timeout
+    assert limiter.try_acquire("token").allowed
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            limiter.acquire("token", timeout=0.5)
+        elapsed = time.monotonic() - started
+        assert elapsed < 0.5 + 1.0 + 0.3, elapsed
+    finally:
+        own_redis.resume()
+    assert wait_for_store(limiter, "token", deadline=3.0) < 3.0
+    assert limiter.acquire("token", timeout=1).allowed
+
+
+def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
+    admin = redis.Redis.from_url(own_redis.url)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    admitted = [0]
+    lock = threading.Lock()
+
+    def flusher() -> None:
+        while not stop.is_set():
+            admin.script_flush()
+            time.sleep(0.1)
+
+    def worker() -> None:
+        limiter = Limiter(RedisBackend(own_redis.url), rates=["100000/hour"])
+        try:
+            while not stop.is_set():
+                decision = limiter.try_acquire("token")
+                with lock:
+                    admitted[0] += decision.allowed
+        except BaseException as exc:  # every error counts against the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=flusher)] + [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["100000/hour"])
+    booked = admin.zcard(store_keys(limiter._key("token"))[0])
+    assert admitted[0] > 100 and booked == admitted[0]  # nothing counted twice, none lost
+    admin.close()
+
+
+@pytest.mark.cluster
+def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
+    try:
+        cluster = RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000).start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        limiter = Limiter(RedisBackend(cluster.url, cluster=True), rates=["1000/second"])
+        assert limiter.try_acquire("token").allowed
+        client = redis.cluster.RedisCluster.from_url(cluster.url)
+        primary = client.get_node_from_key(store_keys(limiter._key("token"))[0])
+        client.close()
+        victim = next(node for node in cluster.nodes if node.port == primary.port)
+        victim.kill()
+        killed = time.monotonic()
+        recovered = None
+        while time.monotonic() - killed < 20:
+            try:
+                if limiter.try_acquire("token").allowed:
+                    recovered = time.monotonic() - killed
+                    break
+            except BackendUnavailable:
+                time.sleep(0.1)
+        assert recovered is not None, "no call succeeded within 20 s of the failover"
+        assert recovered < 1.0 + 8.0  # node timeout + a few seconds for the election
+        assert limiter.usage("token").rates[0].used >= 1  # the new primary holds the log
+    finally:
+        cluster.close()

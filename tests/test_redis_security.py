@@ -1,0 +1,94 @@
+"""rediss:// against a TLS redis-server with a CA made by the test, and a least-privilege ACL
+user holding exactly the permissions the README documents."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.tls import make_certs, tls_redis_server
+from throttle_client import BackendError, BackendUnavailable, Limiter, RedisBackend
+from throttle_client._redis_server import free_port
+from throttle_client.testing import RedisServer, RedisUnavailableError
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, dict]]:
+    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    try:
+        binary = tls_redis_server()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    tls_port = free_port()
+    server = RedisServer(
+        binary=binary,
+        args=(
+            "--tls-port", str(tls_port),
+            "--tls-cert-file", str(certs["server"]),
+            "--tls-key-file", str(certs["server-key"]),
+            "--tls-ca-cert-file", str(certs["ca"]),
+            "--tls-auth-clients", "no",
+        ),
+    )  # fmt: skip
+    try:
+        server.start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server, tls_port, certs
+    server.close()
+
+
+def test_rediss_url_with_the_test_ca(tls_server) -> None:
+    _, tls_port, certs = tls_server
+    url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={certs['ca']}"
+    limiter = Limiter(RedisBackend(url), rates=["2/second"])
+    assert [limiter.try_acquire("token").allowed for _ in range(3)] == [True, True, False]
+    assert limiter.usage("token").rates[0].used == 2
+
+
+def test_a_wrong_ca_is_a_clear_error_never_unavailable(tls_server) -> None:
+    _, tls_port, certs = tls_server
+    url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={certs['other-ca']}"
+    # Even failing open, a certificate the client cannot verify is not an outage.
+    limiter = Limiter(RedisBackend(url), rates=["2/second"], on_unavailable="allow")
+    with pytest.raises(BackendError) as info:
+        limiter.try_acquire("token")
+    assert not isinstance(info.value, BackendUnavailable)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+
+
+def documented_acl() -> str:
+    """The `ACL SETUSER` line of the README's "When Redis fails" section."""
+    match = re.search(r"^ACL SETUSER .+$", README.read_text(), re.MULTILINE)
+    assert match, "README.md must document the ACL the limiter needs"
+    return match.group(0)
+
+
+def test_the_documented_acl_is_enough(redis_url: str) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    words = documented_acl().split()[2:]  # drop "ACL SETUSER"
+    user, rules = words[0], [">s3cret" if w.startswith(">") else w for w in words[1:]]
+    admin.execute_command("ACL", "SETUSER", user, "reset", *rules)
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:s3cret@")
+        limiter = Limiter(RedisBackend(url), rates=["3/second", "10/minute"], min_interval=0.01)
+        assert limiter.try_acquire("token").allowed
+        assert limiter.acquire("token", timeout=1).allowed
+        assert limiter.usage("token").rates[1].used == 2
+        assert limiter.pause("token", 0.01) > 0
+        limiter.reset("token")
+        admin.script_flush()  # the limiter must be allowed to load its script again
+        assert limiter.try_acquire("token").allowed
+        restricted = redis.Redis.from_url(url)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            restricted.get("tc:anything")  # only what the README lists, nothing more
+        restricted.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
