@@ -1,0 +1,132 @@
+"""A naive reference model of DESIGN §2, for the property tests.
+
+Deliberately the slowest obvious reading of the spec: every admitted call is kept
+forever in a plain list of (time, cost), every window sum is a brute-force sum, and
+the earliest slot is found by trying candidate times in order. It shares no code
+with ``throttle_client._log`` (which keeps running totals, trims, and answers by
+indexed lookups), so agreement between the two means something.
+
+All times are whole microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What try_acquire / acquire answered (an acquire that timed out: allowed=False)."""
+
+    allowed: bool
+    slot: int
+    retry_after: int
+    remaining: tuple[int, ...]
+    paused_until: int | None
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    used: tuple[int, ...]
+    remaining: tuple[int, ...]
+    resets_in: tuple[int, ...]
+    next_slot_in: int
+    paused_for: int
+
+
+@dataclass
+class KeyLog:
+    entries: list[tuple[int, int]] = field(default_factory=list)  # (slot, cost), never trimmed
+    pause_until: int = 0
+
+
+@dataclass
+class Model:
+    """``rates`` as (limit, period µs) pairs; ``min_interval`` in µs."""
+
+    rates: list[tuple[int, int]]
+    min_interval: int
+    logs: dict[str, KeyLog] = field(default_factory=dict)
+
+    def _log(self, key: str) -> KeyLog:
+        return self.logs.setdefault(key, KeyLog())
+
+    @staticmethod
+    def _in_window(log: KeyLog, end: int, period: int) -> int:
+        """Cost of the entries after ``end - period``. Entries booked after ``end``
+        count too: they are promised, so they are not free."""
+        return sum(cost for t, cost in log.entries if t > end - period)
+
+    def _fits(self, log: KeyLog, slot: int, cost: int) -> bool:
+        return all(
+            self._in_window(log, slot, period) + cost <= limit for limit, period in self.rates
+        )
+
+    def earliest_slot(self, key: str, now: int, cost: int) -> int:
+        return self._earliest(self.logs.get(key, KeyLog()), now, cost)
+
+    def _earliest(self, log: KeyLog, now: int, cost: int) -> int:
+        floor = max(now, log.pause_until)
+        if log.entries:
+            floor = max(floor, log.entries[-1][0] + self.min_interval)
+        # Window sums only drop when an entry leaves a window, at t + period; so the
+        # earliest slot is the floor or one of those moments.
+        candidates = sorted(
+            {floor} | {t + period for t, _ in log.entries for _, period in self.rates}
+        )
+        for slot in candidates:
+            if slot >= floor and self._fits(log, slot, cost):
+                return slot
+        raise AssertionError("unreachable: past every entry's exit the cost fits")
+
+    def _remaining(self, log: KeyLog, point: int) -> tuple[int, ...]:
+        return tuple(
+            max(0, limit - self._in_window(log, point, period)) for limit, period in self.rates
+        )
+
+    def _outcome(self, log: KeyLog, allowed: bool, now: int, slot: int) -> Outcome:
+        return Outcome(
+            allowed=allowed,
+            slot=slot,
+            retry_after=0 if allowed else slot - now,
+            remaining=self._remaining(log, slot if allowed else now),
+            paused_until=log.pause_until if log.pause_until > now else None,
+        )
+
+    def acquire(self, key: str, now: int, cost: int = 1, max_wait: int | None = None) -> Outcome:
+        """try_acquire is ``max_wait=0``; ``None`` waits for any slot."""
+        if any(cost > limit for limit, _ in self.rates):
+            raise ValueError(f"cost {cost} can never be admitted")
+        log = self._log(key)
+        slot = self._earliest(log, now, cost)
+        if max_wait is not None and slot - now > max_wait:
+            return self._outcome(log, False, now, slot)
+        log.entries.append((slot, cost))
+        return self._outcome(log, True, now, slot)
+
+    def pause(self, key: str, now: int, duration: int) -> int:
+        log = self._log(key)
+        log.pause_until = max(log.pause_until, now + duration)
+        return log.pause_until
+
+    def reset(self, key: str) -> None:
+        self.logs.pop(key, None)
+
+    def usage(self, key: str, now: int) -> ModelUsage:
+        log = self.logs.get(key, KeyLog())
+        used = tuple(self._in_window(log, now, period) for _, period in self.rates)
+        resets_in = []
+        for (_, period), in_window in zip(self.rates, used, strict=True):
+            oldest = min((t for t, _ in log.entries if t > now - period), default=None)
+            resets_in.append(
+                0 if not in_window or oldest is None else max(0, oldest + period - now)
+            )
+        return ModelUsage(
+            used=used,
+            remaining=tuple(
+                max(0, limit - u) for (limit, _), u in zip(self.rates, used, strict=True)
+            ),
+            resets_in=tuple(resets_in),
+            next_slot_in=self._earliest(log, now, 1) - now,
+            paused_for=max(0, log.pause_until - now),
+        )

@@ -1,0 +1,220 @@
+"""The memory backend, the Redis backend and the naive model of DESIGN §2 must agree.
+
+Random sequences of clock moves and operations on a few keys are run against all
+three; every answer is compared in whole microseconds. The clock is driven in
+integer microseconds, so float seconds never blur an edge of a window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from throttle_client import CostTooHigh, Limiter, MemoryBackend, Rate, RedisBackend, ThrottleTimeout
+
+from .model import Model
+
+US = 1_000_000
+KEYS = st.sampled_from(["alpha", "beta", "gamma"])
+PERIODS = st.one_of(
+    st.sampled_from([1, 1000, 250_000, 1_000_000, 1_500_000]), st.integers(1, 2_000_000)
+)
+RATES = st.lists(st.tuples(st.integers(1, 5), PERIODS), min_size=1, max_size=3)
+GAPS = st.one_of(st.sampled_from([0, 0, 1, 100_000, 333_333]), st.integers(0, 600_000))
+STEPS = st.one_of(st.sampled_from([0, 1, 999_999, 1_000_000]), st.integers(0, 2_500_000))
+
+_namespaces = itertools.count()
+
+
+class IntClock:
+    """Epoch seconds as a float, but moved in whole microseconds, so rounding is exact."""
+
+    def __init__(self) -> None:
+        self.us = 1_700_000_000 * US
+
+    def __call__(self) -> float:
+        return self.us / US
+
+
+def to_us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+def no_sleep(seconds: float) -> None:
+    """The machine moves the clock itself; an acquire's sleep must not."""
+
+
+class Agreement(RuleBasedStateMachine):
+    def __init__(self, redis: RedisBackend) -> None:
+        super().__init__()
+        self.redis = redis
+        self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
+
+    @initialize(rates=RATES, gap=GAPS)
+    def build(self, rates: list[tuple[int, int]], gap: int) -> None:
+        self.model = Model(rates, gap)
+        self.clock = IntClock()
+        self.min_limit = min(limit for limit, _ in rates)
+        options: dict[str, Any] = {
+            "rates": [Rate(limit, period / US) for limit, period in rates],
+            "min_interval": gap / US,
+            "clock": self.clock,
+            "sleep": no_sleep,
+        }
+        self.limiters = {
+            "memory": Limiter(MemoryBackend(), **options),
+            "redis": Limiter(self.redis, namespace=f"model{next(_namespaces)}", **options),
+        }
+
+    # -- the clock -----------------------------------------------------------------
+
+    @rule(step=STEPS)
+    def advance(self, step: int) -> None:
+        self.clock.us += step
+
+    @precondition(lambda self: self.last_wait > 0)
+    @rule(offset=st.sampled_from([-1, 0, 0, 1]))
+    def advance_to_edge(self, offset: int) -> None:
+        """To just before, at, or just after the moment the last refusal named."""
+        self.clock.us += max(0, self.last_wait + offset)
+        self.last_wait = 0
+
+    # -- operations ----------------------------------------------------------------
+
+    def _cost_or_raise(self, cost: int, call: Any) -> bool:
+        """True when the cost is acceptable; else every limiter must refuse it at once."""
+        if cost <= self.min_limit:
+            return True
+        for limiter in self.limiters.values():
+            with pytest.raises(CostTooHigh):
+                call(limiter)
+        return False
+
+    @rule(key=KEYS, cost=st.integers(1, 6))
+    def try_acquire(self, key: str, cost: int) -> None:
+        if not self._cost_or_raise(cost, lambda limiter: limiter.try_acquire(key, cost)):
+            return
+        expected = self.model.acquire(key, self.clock.us, cost, max_wait=0)
+        for name, limiter in self.limiters.items():
+            decision = limiter.try_acquire(key, cost)
+            got = (
+                decision.allowed,
+                to_us(decision.slot),
+                to_us(decision.retry_after),
+                decision.remaining,
+                None if decision.paused_until is None else to_us(decision.paused_until),
+            )
+            want = (
+                expected.allowed,
+                expected.slot,
+                expected.retry_after,
+                expected.remaining,
+                expected.paused_until,
+            )
+            assert got == want, name
+        self.last_wait = expected.retry_after
+
+    @rule(
+        key=KEYS,
+        cost=st.integers(1, 6),
+        timeout=st.one_of(st.none(), st.integers(0, 3_000_000)),
+    )
+    def acquire(self, key: str, cost: int, timeout: int | None) -> None:
+        self._acquire(key, cost, timeout)
+
+    @precondition(lambda self: self.last_wait > 0)
+    @rule(key=KEYS, offset=st.sampled_from([-1, 0, 0, 1]))
+    def acquire_with_timeout_at_edge(self, key: str, offset: int) -> None:
+        """A timeout just under, at, or just over the last wait seen."""
+        self._acquire(key, 1, max(0, self.last_wait + offset))
+
+    def _acquire(self, key: str, cost: int, timeout: int | None) -> None:
+        seconds = None if timeout is None else timeout / US
+        if not self._cost_or_raise(cost, lambda limiter: limiter.acquire(key, cost, seconds)):
+            return
+        expected = self.model.acquire(key, self.clock.us, cost, max_wait=timeout)
+        for name, limiter in self.limiters.items():
+            if expected.allowed:
+                decision = limiter.acquire(key, cost, seconds)
+                got = (to_us(decision.slot), to_us(decision.waited), decision.remaining)
+                want = (expected.slot, expected.slot - self.clock.us, expected.remaining)
+                assert got == want, name
+            else:
+                with pytest.raises(ThrottleTimeout) as refused:
+                    limiter.acquire(key, cost, seconds)
+                assert to_us(refused.value.retry_after) == expected.retry_after, name
+        self.last_wait = expected.slot - self.clock.us
+
+    @rule(key=KEYS, duration=st.one_of(st.sampled_from([0, 1]), st.integers(0, 2_000_000)))
+    def pause(self, key: str, duration: int) -> None:
+        expected = self.model.pause(key, self.clock.us, duration)
+        for name, limiter in self.limiters.items():
+            assert to_us(limiter.pause(key, duration / US)) == expected, name
+
+    @rule(key=KEYS)
+    def reset(self, key: str) -> None:
+        self.model.reset(key)
+        for limiter in self.limiters.values():
+            limiter.reset(key)
+
+    @rule(key=KEYS)
+    def usage(self, key: str) -> None:
+        expected = self.model.usage(key, self.clock.us)
+        for name, limiter in self.limiters.items():
+            usage = limiter.usage(key)
+            got = (
+                tuple(r.used for r in usage.rates),
+                tuple(r.remaining for r in usage.rates),
+                tuple(to_us(r.resets_in) for r in usage.rates),
+                to_us(usage.next_slot_in),
+                to_us(usage.paused_for),
+            )
+            want = (
+                expected.used,
+                expected.remaining,
+                expected.resets_in,
+                expected.next_slot_in,
+                expected.paused_for,
+            )
+            assert got == want, name
+        self.last_wait = expected.next_slot_in
+
+
+def test_model_memory_and_redis_agree(redis_url: str) -> None:
+    backend = RedisBackend(redis_url)
+    try:
+        run_state_machine_as_test(
+            lambda: Agreement(backend),
+            settings=settings(
+                max_examples=150,
+                stateful_step_count=40,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    finally:
+        backend.close()
+
+
+def test_model_follows_the_design_on_a_worked_example() -> None:
+    """The model itself, against numbers worked out by hand from DESIGN §2."""
+    model = Model([(2, 1_000_000), (3, 10_000_000)], min_interval=100_000)
+    assert model.acquire("k", 0, max_wait=0).slot == 0
+    assert model.acquire("k", 0, max_wait=0).retry_after == 100_000  # the gap
+    assert model.acquire("k", 100_000).slot == 100_000
+    # 2/second is full until the entry at 0 leaves (0, 1s]; then 3/10s is full.
+    assert model.acquire("k", 100_000, max_wait=0).slot == 1_000_000
+    assert model.acquire("k", 100_000).slot == 1_000_000
+    assert model.acquire("k", 100_000, max_wait=0).slot == 10_000_000
+    assert model.usage("k", 100_000).used == (3, 3)  # the booked slot counts as used
