@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import os
@@ -42,5 +43,13 @@ def store_key(secret: bytes, namespace: str, key: str) -> str:
         raise TypeError(f"a throttling key must be a str, not {type(key).__name__}")
     if not key:
         raise ConfigurationError("a throttling key must be a non-empty string")
+    return _derive(secret, namespace, key)
+
+
+# A worker asks about the same few tokens over and over: remembering their last few
+# thousand store keys saves the HMAC on every decision. The raw keys stay in this
+# process's memory, as they already are in the caller's; nothing is written anywhere.
+@functools.lru_cache(maxsize=4096)
+def _derive(secret: bytes, namespace: str, key: str) -> str:
     digest = hmac.new(secret, f"{namespace}\x00{key}".encode(), hashlib.sha256).digest()
     return f"{namespace}:{{{base64.urlsafe_b64encode(digest[:16]).decode().rstrip('=')}}}"
