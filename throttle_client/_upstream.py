@@ -17,8 +17,8 @@ import itertools
 import json
 import threading
 import time
-from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,7 +29,9 @@ from ._rate import Rate, coerce_rate
 
 @dataclass
 class _TokenLog:
+    rates: tuple[Rate, ...]
     arrivals: list[float] = field(default_factory=list)  # admitted requests, arrival order
+    refused_at: list[float] = field(default_factory=list)  # arrival times of 429s
     rejected: int = 0
     paused_until: float = 0.0
     storm_sent: bool = False
@@ -54,6 +56,8 @@ class StrictUpstream:
     ``storm_retry_after``: answer the first request of each token with
     ``429 Retry-After: <n>`` and refuse the token for those n seconds.
     ``send_headers``: add ``X-RateLimit-Limit/Remaining/Reset`` from the first rate.
+    ``path_rates``: paths under a prefix count in a quota of their own, per token (as
+    GitHub's search API has its own beside the core one).
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class StrictUpstream:
         tolerance: float = 0.0,
         storm_retry_after: int | None = None,
         send_headers: bool = False,
+        path_rates: Mapping[str, Sequence[Rate | str]] | None = None,
         port: int = 0,
     ) -> None:
         self.rates = tuple(coerce_rate(rate) for rate in rates)
@@ -71,7 +76,11 @@ class StrictUpstream:
         self.tolerance = tolerance
         self.storm_retry_after = storm_retry_after
         self.send_headers = send_headers
-        self._tokens: dict[str, _TokenLog] = defaultdict(_TokenLog)
+        self.path_rates = {
+            prefix: tuple(coerce_rate(rate) for rate in rates)
+            for prefix, rates in (path_rates or {}).items()
+        }
+        self._tokens: dict[str, _TokenLog] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
@@ -84,21 +93,32 @@ class StrictUpstream:
 
     # -- the quota --------------------------------------------------------------------
 
-    def _judge(self, token: str, now: float) -> tuple[int, dict[str, str]]:
-        """Status and headers for a request of ``token`` arriving at ``now``."""
+    def _quota(self, token: str, path: str) -> tuple[str, tuple[Rate, ...]]:
+        """The log a request counts in, and its rates: a ``path_rates`` prefix has its own."""
+        route = urlsplit(path).path
+        for prefix, rates in self.path_rates.items():
+            if route == prefix or route.startswith(prefix.rstrip("/") + "/"):
+                return f"{token} {prefix}", rates
+        return token, self.rates
+
+    def _judge(self, token: str, path: str, now: float) -> tuple[int, dict[str, str]]:
+        """Status and headers for a request of ``token`` to ``path`` arriving at ``now``."""
+        name, rates = self._quota(token, path)
         with self._lock:
-            log = self._tokens[token]
+            log = self._tokens.setdefault(name, _TokenLog(rates))
             if self.storm_retry_after is not None and not log.storm_sent:
                 log.storm_sent = True
                 log.paused_until = now + self.storm_retry_after
+                log.refused_at.append(now)
                 return 429, {"Retry-After": str(self.storm_retry_after)}
             if self._breaks_quota(log, now):
                 log.rejected += 1
+                log.refused_at.append(now)
                 return 429, {"Retry-After": "1"}
             log.arrivals.append(now)
             headers: dict[str, str] = {}
             if self.send_headers:
-                rate = self.rates[0]
+                rate = log.rates[0]
                 in_window = [t for t in log.arrivals if t > now - rate.period]
                 headers = {
                     "X-RateLimit-Limit": str(rate.limit),
@@ -112,7 +132,7 @@ class StrictUpstream:
             return True
         if log.arrivals and now - log.arrivals[-1] < self.min_interval - self.tolerance:
             return True
-        for rate in self.rates:
+        for rate in log.rates:
             edge = now - rate.period + self.tolerance
             in_window = sum(1 for t in reversed(log.arrivals) if t > edge)
             if in_window + 1 > rate.limit:
@@ -124,19 +144,18 @@ class StrictUpstream:
     def stats(self) -> dict[str, Any]:
         """Totals, and per rate the most requests any window held (exactly, by arrival)."""
         with self._lock:
-            arrivals = {token: list(log.arrivals) for token, log in self._tokens.items()}
+            logs = {name: (log.rates, list(log.arrivals)) for name, log in self._tokens.items()}
             rejected = sum(log.rejected for log in self._tokens.values())
-        peaks = {}
-        for rate in self.rates:
-            peak = 0
-            for times in arrivals.values():
+        arrivals = {name: times for name, (_, times) in logs.items()}
+        peaks = {str(rate): 0 for rate in self.rates}
+        for rates, times in logs.values():
+            for rate in rates:
                 window: deque[float] = deque()
                 for t in times:
                     window.append(t)
                     while window[0] <= t - rate.period:
                         window.popleft()
-                    peak = max(peak, len(window))
-            peaks[str(rate)] = peak
+                    peaks[str(rate)] = max(peaks.get(str(rate), 0), len(window))
         gaps = [b - a for times in arrivals.values() for a, b in itertools.pairwise(times)]
         return {
             "admitted": sum(len(times) for times in arrivals.values()),
@@ -147,8 +166,17 @@ class StrictUpstream:
         }
 
     def arrivals(self, token: str) -> list[float]:
+        """Admitted requests of ``token`` (``"<token> <prefix>"`` for a path quota), by
+        arrival time (``time.monotonic()``)."""
         with self._lock:
-            return list(self._tokens[token].arrivals)
+            log = self._tokens.get(token)
+            return list(log.arrivals) if log else []
+
+    def refusals(self, token: str) -> list[float]:
+        """Arrival times of the requests of ``token`` answered 429."""
+        with self._lock:
+            log = self._tokens.get(token)
+            return list(log.refused_at) if log else []
 
     # -- serving ----------------------------------------------------------------------
 
@@ -163,7 +191,8 @@ class StrictUpstream:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
-                status, headers = upstream._judge(token_of(self.headers, self.path), now)
+                token = token_of(self.headers, self.path)
+                status, headers = upstream._judge(token, self.path, now)
                 body = json.dumps({"ok": status == 200, "path": self.path}).encode()
                 self.send_response(status)
                 for name, value in headers.items():
