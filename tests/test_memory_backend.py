@@ -1,0 +1,156 @@
+"""The memory backend under threads and asyncio tasks, and its forgetting of idle keys.
+
+Judged by the slots it hands out: no window ever holds more than its limit,
+consecutive slots keep the minimum interval, and the schedule is exactly the one
+the reference model gives for the same calls one after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Sequence
+
+from throttle_client import AsyncLimiter, Limiter, MemoryBackend
+from throttle_client.testing import FakeClock
+
+from .model import Model
+
+US = 1_000_000
+RATES = ["10/second", "30/5 seconds"]
+MODEL_RATES = [(10, US), (30, 5 * US)]
+GAP = 10_000
+
+
+def us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+def assert_within_limits(slots: Sequence[int], gap: int = GAP) -> None:
+    slots = sorted(slots)
+    for t in slots:
+        for limit, period in MODEL_RATES:
+            assert sum(1 for u in slots if t - period < u <= t) <= limit
+    assert all(b - a >= gap for a, b in itertools.pairwise(slots))
+
+
+def sequential_schedule(now: int, calls: int) -> list[int]:
+    model = Model(MODEL_RATES, GAP)
+    return [model.acquire("k", now).slot for _ in range(calls)]
+
+
+def test_threads_on_one_key_get_exactly_the_sequential_schedule() -> None:
+    clock = FakeClock()  # never moves: every thread asks at the same moment
+    limiter = Limiter(
+        MemoryBackend(), rates=RATES, min_interval=GAP / US, clock=clock, sleep=lambda s: None
+    )
+    slots: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(25):
+            slot = us(limiter.acquire("k").slot)
+            with lock:
+                slots.append(slot)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(slots) == sequential_schedule(us(clock.now), 200)
+    assert_within_limits(slots)
+
+
+def test_threads_with_a_moving_clock_never_over_admit() -> None:
+    ticks = itertools.count()
+    tick_lock = threading.Lock()
+
+    def clock() -> float:
+        with tick_lock:  # each look at the clock is 1 ms later
+            return 1_700_000_000 + next(ticks) / 1000
+
+    limiter = Limiter(MemoryBackend(), rates=RATES, min_interval=GAP / US, clock=clock)
+    admitted: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(300):
+            decision = limiter.try_acquire("k")
+            if decision:
+                with lock:
+                    admitted.append(us(decision.slot))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # 1800 looks at the clock span 1.8 s: 10 in the first second, 10 more from 1 s on.
+    assert len(admitted) == 20
+    assert_within_limits(admitted)
+
+
+async def test_asyncio_tasks_on_one_key() -> None:
+    clock = FakeClock()
+    start = us(clock.now)
+    limiter = AsyncLimiter(
+        MemoryBackend(), rates=RATES, min_interval=GAP / US, clock=clock, sleep=clock.asleep
+    )
+
+    async def task() -> int:
+        return us((await limiter.acquire("k")).slot)
+
+    slots = await asyncio.gather(*(task() for _ in range(60)))
+    # Tasks interleave at every sleep, and the fake clock moves with them; still the
+    # store hands out slots first come, first served, within every limit.
+    assert_within_limits(slots)
+    assert sorted(slots) == sequential_schedule(start, 60)
+
+
+# -- forgetting ----------------------------------------------------------------------------
+
+
+def test_idle_keys_are_forgotten() -> None:
+    clock = FakeClock()
+    backend = MemoryBackend()
+    limiter = Limiter(backend, rates=["5/second", "10/minute"], clock=clock)
+    for n in range(100):
+        limiter.acquire(f"token-{n}")
+    assert len(backend) == 100
+    clock.advance(30)
+    for _ in range(1100):  # the store sweeps as it works
+        limiter.try_acquire("busy")
+    assert len(backend) == 101  # within the minute nothing may be forgotten
+    clock.advance(61)
+    for _ in range(1100):
+        limiter.usage("busy")
+    assert len(backend) <= 1
+
+
+def test_a_reset_or_an_expired_key_is_dropped() -> None:
+    clock = FakeClock()
+    backend = MemoryBackend()
+    limiter = Limiter(backend, rates=["1/second"], clock=clock)
+    limiter.acquire("a")
+    limiter.acquire("b")
+    limiter.reset("a")
+    assert len(backend) == 1
+    limiter.usage("never seen")
+    assert len(backend) == 1  # looking creates nothing
+    clock.advance(1)
+    assert limiter.try_acquire("b")  # an expired log is replaced, never mistaken for busy
+    assert len(backend) == 1
+
+
+def test_memory_backend_uses_its_own_clock_without_an_injected_one() -> None:
+    clock = FakeClock()
+    backend = MemoryBackend(clock=clock)
+    limiter = Limiter(backend, rates=["1/second"])
+    assert limiter.try_acquire("k")
+    assert us(limiter.try_acquire("k").retry_after) == US
+    clock.advance(1)
+    assert limiter.try_acquire("k")
