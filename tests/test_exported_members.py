@@ -1,0 +1,39 @@
+"""Keep ``__all__`` honest (as httpx's tests/test_exported_members.py does)."""
+
+from __future__ import annotations
+import __future__
+
+import types
+
+import pytest
+
+import throttle_client
+import throttle_client.testing
+
+INCLUDED_PRIVATE_MEMBERS = ["__version__"]
+
+
+def public_names(module: types.ModuleType) -> list[str]:
+    return [
+        name
+        for name, value in vars(module).items()
+        if (not name.startswith("_") or name in INCLUDED_PRIVATE_MEMBERS)
+        # Neither submodules (``throttle_client.testing`` once imported) nor
+        # ``from __future__ import annotations`` are exports.
+        and not isinstance(value, (types.ModuleType, __future__._Feature))
+    ]
+
+
+@pytest.mark.parametrize("module", [throttle_client, throttle_client.testing], ids=str)
+def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleType) -> None:
+    assert module.__all__ == sorted(module.__all__)
+    assert sorted(module.__all__) == sorted(public_names(module))
+
+
+def test_every_exported_class_and_function_has_a_docstring() -> None:
+    undocumented = [
+        name
+        for name in throttle_client.__all__
+        if callable(getattr(throttle_client, name)) and not getattr(throttle_client, name).__doc__
+    ]
+    assert undocumented == []

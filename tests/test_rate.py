@@ -1,0 +1,60 @@
+"""Rate: the three spellings of DESIGN §2 and how a limiter accepts them."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+
+from throttle_client import ConfigurationError, Limiter, MemoryBackend, Rate
+
+
+def test_three_spellings_are_one_rate() -> None:
+    assert Rate(5000, timedelta(hours=1)) == Rate(5000, 3600) == Rate.parse("5000/hour")
+    assert hash(Rate(5000, 3600)) == hash(Rate.parse("5000/hour"))
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "period"),
+    [
+        ("10/second", 10, 1.0),
+        ("10/s", 10, 1.0),
+        ("100/15 minutes", 100, 900.0),
+        ("100 / 15 minutes", 100, 900.0),
+        ("30 per minute", 30, 60.0),
+        ("5000/HOUR", 5000, 3600.0),
+        ("2/day", 2, 86400.0),
+        ("7/250ms", 7, 0.25),
+        ("1/1.5 seconds", 1, 1.5),
+        ("  3/min  ", 3, 60.0),
+    ],
+)
+def test_parse(text: str, limit: int, period: float) -> None:
+    rate = Rate.parse(text)
+    assert (rate.limit, rate.period) == (limit, period)
+
+
+def test_period_in_microseconds() -> None:
+    assert Rate(1, 0.000001).period_us == 1
+    assert Rate(1, timedelta(milliseconds=250)).period_us == 250_000
+    assert Rate(1, 2.01).period_us == 2_010_000
+
+
+def test_a_rate_is_frozen_and_reads_well() -> None:
+    rate = Rate(10, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rate.limit = 11  # type: ignore[misc]
+    assert repr(rate) == "Rate(10, 1)" and str(rate) == "10/1s"
+    assert isinstance(rate.period, float)
+
+
+def test_a_limiter_takes_rates_and_strings() -> None:
+    backend = MemoryBackend()
+    assert Limiter(backend, rates="10/second").rates == (Rate(10, 1),)
+    assert Limiter(backend, rates=Rate(10, 1)).rates == (Rate(10, 1),)
+    mixed = Limiter(backend, rates=[Rate(5000, 3600), "10/second"])
+    assert mixed.rates == (Rate(5000, 3600), Rate(10, 1))
+    assert "Rate(5000, 3600)" in repr(mixed)
+    with pytest.raises(ConfigurationError, match="at least one rate"):
+        Limiter(backend, rates=[])
