@@ -9,6 +9,7 @@ invisible to callers.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -22,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._errors import BackendError, BackendUnavailable
-from ._ops import Acquire, Inspect, Op, Pause, Reset, Snapshot, Verdict
+from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 
 T = TypeVar("T")
 
@@ -55,32 +56,44 @@ UNAVAILABLE = (
 )
 
 
-def store_keys(key: str) -> list[str]:
-    return [f"tc:{key}:s", f"tc:{key}:c", f"tc:{key}:m"]
+# Every decision of a limiter sends the same keys and policy: both are formatted once
+# (as bytes, which redis-py sends as they are) and remembered, not rebuilt per call.
+@functools.lru_cache(maxsize=4096)
+def store_keys(key: str) -> tuple[bytes, bytes, bytes]:
+    """The log by slot, the log by running cost and the meta hash of one hashed key."""
+    prefix = f"tc:{key}:".encode()
+    return prefix + b"s", prefix + b"c", prefix + b"m"
 
 
-def encode(op: Op[Any]) -> tuple[list[str], list[str | int]]:
+@functools.lru_cache(maxsize=256)
+def policy_args(policy: Policy) -> tuple[bytes, ...]:
+    """ARGV[3] onwards: the minimum gap, the number of rates, then (limit, period) pairs."""
+    numbers = [policy.min_interval_us, len(policy.limits)]
+    for limit, period in policy.limits:
+        numbers += [limit, period]
+    return tuple(b"%d" % number for number in numbers)
+
+
+def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
     if isinstance(op, Reset):
-        return store_keys(op.key), ["reset"]
+        return store_keys(op.key), (b"reset",)
     assert isinstance(op, (Acquire, Inspect, Pause))
-    now = "" if op.now_us is None else op.now_us
-    args: list[str | int] = [now, op.policy.min_interval_us, len(op.policy.limits)]
-    for limit, period in op.policy.limits:
-        args += [limit, period]
+    now = b"" if op.now_us is None else b"%d" % op.now_us
+    keys, policy = store_keys(op.key), policy_args(op.policy)
     if isinstance(op, Acquire):
-        return store_keys(op.key), ["acquire", *args, op.cost, op.max_wait_us, op.call_id]
+        return keys, (b"acquire", now, *policy, b"%d" % op.cost, b"%d" % op.max_wait_us, op.call_id)
     if isinstance(op, Pause):
-        return store_keys(op.key), ["pause", *args, op.duration_us]
-    return store_keys(op.key), ["inspect", *args]
+        return keys, (b"pause", now, *policy, b"%d" % op.duration_us)
+    return keys, (b"inspect", now, *policy)
 
 
 def decode(op: Op[T], reply: Any) -> T:
     if isinstance(op, Acquire):
-        allowed, now, slot, pause, *remaining = (int(x) for x in reply)
+        allowed, now, slot, pause, *remaining = [int(x) for x in reply]
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
     if isinstance(op, Inspect):
-        now, next_slot, pause, *per_rate = (int(x) for x in reply)
+        now, next_slot, pause, *per_rate = [int(x) for x in reply]
         return cast(T, Snapshot(now, next_slot, pause, tuple(per_rate[::2]), tuple(per_rate[1::2])))
     if isinstance(op, Pause):
         return cast(T, int(reply[0]))
