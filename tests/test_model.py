@@ -198,7 +198,7 @@ def test_model_memory_and_redis_agree(redis_url: str) -> None:
             lambda: Agreement(backend),
             settings=settings(
                 max_examples=150,
-                stateful_step_count=40,
+                stateful_step_count=50,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
             ),
