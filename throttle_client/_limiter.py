@@ -8,9 +8,11 @@ The two classes below only do the I/O for their world: call the store, sleep.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import math
-import secrets
+import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -42,6 +44,20 @@ US = 1_000_000
 
 def _seconds(us: int) -> float:
     return us / US
+
+
+# Call ids need only be unique within one key's log, not unguessable: a private
+# generator seeded from os.urandom makes them 3x cheaper than secrets.token_urlsafe.
+# It is private so that a caller's random.seed() cannot make two workers draw the
+# same ids, and it is reseeded in every forked child for the same reason.
+_ids = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
+
+
+def _call_id() -> str:
+    """11 url-safe characters from 64 random bits, like ``secrets.token_urlsafe(8)``."""
+    return base64.urlsafe_b64encode(_ids.getrandbits(64).to_bytes(8, "big"))[:11].decode()
 
 
 class _LimiterCore:
@@ -112,7 +128,7 @@ class _LimiterCore:
             cost=self._cost(cost),
             max_wait_us=max_wait_us,
             # A fresh id per call: equal slots never collapse, a driver retry never books twice.
-            call_id=secrets.token_urlsafe(8),
+            call_id=_call_id(),
             now_us=self._now_us(),
         )
 
