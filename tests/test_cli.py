@@ -1,0 +1,158 @@
+"""The ``throttle-client`` command, run as a user runs it: ``python -m throttle_client``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from throttle_client import Limiter, SQLiteBackend, _demo
+from throttle_client._cli import main
+
+TOKEN = "ghp_cli_test_token_5c1d9e"
+
+
+def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "throttle_client", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def check_demo_summary(summary: dict[str, Any]) -> None:
+    assert summary["ok"] is True and summary["errors"] == []
+    assert summary["rejected"] == 0
+    assert summary["requests"] == summary["admitted"] >= 2 * 10
+    assert summary["utilisation"] >= 0.95
+    for peak in summary["peak_in_window"].values():
+        assert peak["by_slot"] <= peak["limit"]
+        assert peak["by_arrival_within_tolerance"] <= peak["limit"]
+    assert summary["min_gap"]["by_slot"] >= summary["min_interval"] - 1e-6
+
+
+# The suite shares a small, busy machine with other work, where a process can wake tens of
+# ms late: a wide minimum interval and tolerance keep such delays from becoming 429s (the
+# demo's own defaults are tighter). The quota still binds: every token waits its turn.
+DEMO_ARGS = ("--duration", "2.5", "--rate", "5/second", "--min-interval", "0.15",
+             "--tolerance", "0.1", "--json")  # fmt: skip
+
+
+def test_demo_on_sqlite() -> None:
+    result = cli("demo", *DEMO_ARGS)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)  # one JSON object, nothing else on stdout
+    assert summary["store"] == "sqlite" and summary["workers"] == 4 and summary["tokens"] == 2
+    check_demo_summary(summary)
+
+
+def test_demo_on_redis(redis_url: str) -> None:
+    result = cli("demo", *DEMO_ARGS, "--redis", redis_url, "--workers", "3", "--tokens", "3")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["store"] == "redis" and summary["tokens"] == 3
+    check_demo_summary(summary)
+
+
+@pytest.mark.parametrize(("rejected", "errors", "status"), [(0, [], 0), (2, [], 1), (0, ["x"], 1)])
+def test_demo_exit_status_says_whether_anything_was_rejected(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    rejected: int,
+    errors: list[str],
+    status: int,
+) -> None:
+    def fake_run(config: _demo.DemoConfig, **_: Any) -> _demo.DemoRun:
+        run = _demo.DemoRun(config, _demo._Store(), None, ("t",), None)  # type: ignore[arg-type]
+        run.summary = {"rejected": rejected, "requests": 9}
+        run.errors = errors
+        return run
+
+    monkeypatch.setattr(_demo, "run_demo", fake_run)
+    assert main(["demo", "--json"]) == status
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is (status == 0) and out["rejected"] == rejected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--rate", "ten per sec"], "cannot parse rate 'ten per sec'"),
+        (["demo", "--workers", "0"], "not '0'"),
+        (["demo", "--duration", "-1"], "not '-1'"),
+        (["demo", "--redis", "http://user:hunter2@localhost"], "bad Redis URL"),
+        (["status", "--sqlite", "x.db", TOKEN], "--rate"),
+        (["status", "--rate", "5/second", TOKEN], "--redis"),
+        (["reset", "--sqlite", "/nonexistent/limits.db", TOKEN], "no SQLite store"),
+        (["reset", "--sqlite", "x.db", "--key-env", "TC_UNSET_VARIABLE"], "TC_UNSET_VARIABLE"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
+    assert TOKEN not in result.stderr
+
+
+def test_unreachable_redis_is_one_line_and_exit_3() -> None:
+    for args in (["demo"], ["status", "--rate", "5/second", TOKEN], ["reset", TOKEN]):
+        command, *rest = args
+        result = cli(command, "--redis", "redis://127.0.0.1:1/0", *rest)
+        assert result.returncode == 3, result.stderr
+        assert "unavailable" in result.stderr and "127.0.0.1:1" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert TOKEN not in result.stderr + result.stdout
+
+
+def seed(path: Path) -> Limiter:
+    limiter = Limiter(SQLiteBackend(path), rates=["5/minute", "100/hour"], namespace="crawl")
+    for _ in range(3):
+        limiter.try_acquire(TOKEN)
+    limiter.pause(TOKEN, 600)
+    return limiter
+
+
+def test_status_and_reset_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    limiter = seed(path)
+    common = ["--sqlite", str(path), "--namespace", "crawl"]
+    status = cli("status", *common, "--rate", "5/minute", "--rate", "100/hour", "--json", TOKEN)
+    assert status.returncode == 0, status.stderr
+    (entry,) = json.loads(status.stdout)["keys"]
+    assert [r["used"] for r in entry["rates"]] == [3, 3]
+    assert [r["remaining"] for r in entry["rates"]] == [2, 97]
+    assert 500 < entry["paused_for"] <= 600 and entry["next_slot_in"] > 500
+    assert entry["key"] == "key 1" and entry["store_key"] == limiter._key(TOKEN)
+
+    text = cli("status", *common, "--rate", "5/minute", TOKEN)
+    assert "used 3, remaining 2" in text.stdout and "paused: for" in text.stdout
+    assert TOKEN not in text.stdout + text.stderr
+
+    reset = cli("reset", *common, "-", stdin=f"{TOKEN}\n")  # the token from standard input
+    assert reset.returncode == 0 and "reset key 1" in reset.stdout
+    assert limiter.usage(TOKEN).rates[0].used == 0 and limiter.usage(TOKEN).paused_for == 0
+
+
+def test_status_on_redis_with_the_token_from_the_environment(redis_url: str) -> None:
+    from throttle_client import RedisBackend
+
+    limiter = Limiter(RedisBackend(redis_url), rates=["5/minute"], namespace="crawl")
+    limiter.try_acquire(TOKEN)
+    result = cli("status", "--redis", redis_url, "--namespace", "crawl", "--rate", "5/minute",
+                 "--key-env", "TC_TOKEN", "--json", env={"TC_TOKEN": TOKEN})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["keys"][0]["rates"][0]["used"] == 1
+    other_ns = cli("status", "--redis", redis_url, "--rate", "5/minute", "--json", TOKEN)
+    assert json.loads(other_ns.stdout)["keys"][0]["rates"][0]["used"] == 0

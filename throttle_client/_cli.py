@@ -1,0 +1,388 @@
+"""The ``throttle-client`` command: ``demo``, ``status KEY...``, ``reset KEY...``.
+
+Every failure the user can cause or meet (a bad rate, a bad URL, a store that does
+not answer) ends in one line on stderr and a non-zero exit status, never a
+traceback. Keys are access tokens: they are never printed; they may come from an
+environment variable or standard input so they stay out of shell history.
+
+Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed;
+2 bad arguments; 3 the store could not be reached or answered with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+from ._errors import BackendError, ConfigurationError, ThrottleError
+from ._keys import SECRET_ENV
+from ._limiter import Limiter
+from ._ops import Backend
+from ._rate import Rate
+from ._redis import RedisBackend
+from ._sqlite import SQLiteBackend
+
+PROG = "throttle-client"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+
+
+class _UsageError(Exception):
+    """A bad argument found after parsing (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: the message already names the bad value.
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# -- argument types: each names the bad value -------------------------------------------------
+
+
+def _rate(text: str) -> Rate:
+    try:
+        return Rate.parse(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 256, not {text!r}")
+    return value
+
+
+def _seconds(low: float, *, inclusive: bool) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value >= low if inclusive else value > low)
+        if not ok:
+            bound = f">= {low:g}" if inclusive else f"> {low:g}"
+            raise argparse.ArgumentTypeError(f"expected seconds {bound}, not {text!r}")
+        return value
+
+    return parse
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, fit for an error message."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rpartition("@")[2]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urlunsplit(parts._replace(netloc=user + netloc))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import _demo
+
+    parser = _Parser(
+        prog=PROG,
+        description="Client-side throttling shared by many workers: a live demo, and a look at "
+        "(or reset of) a key's limits in Redis or SQLite.",
+        epilog="Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed; "
+        "2 bad arguments; 3 the store could not be reached.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    demo = commands.add_parser(
+        "demo",
+        help="crawler processes share one quota against a strict local API",
+        description="Start a local API that enforces a per-token quota by the arrival time "
+        "of each request and answers 429 beyond it, then crawler processes that fetch from it "
+        "through ThrottledTransport, sharing their limits through an SQLite file (default) or "
+        "Redis. Shows them live, then a summary: requests, 429s, utilisation of the quota "
+        "(admitted / the most the quota allows in the time), the fullest window. Exits 0 only "
+        "if no request was rejected.",
+    )
+    demo.add_argument(
+        "--workers",
+        type=_count,
+        default=_demo.DEFAULT_WORKERS,
+        help="crawler processes (default %(default)s)",
+    )
+    demo.add_argument(
+        "--tokens",
+        type=_count,
+        default=_demo.DEFAULT_TOKENS,
+        help="access tokens, each with its own quota (default %(default)s)",
+    )
+    demo.add_argument(
+        "--duration",
+        type=_seconds(0, inclusive=False),
+        default=_demo.DEFAULT_DURATION,
+        metavar="SECONDS",
+        help="how long the crawlers fetch (default %(default)s)",
+    )
+    demo.add_argument(
+        "--rate",
+        type=_rate,
+        action="append",
+        metavar="RATE",
+        help="the per-token quota, repeatable, e.g. '20/second' (default: "
+        + " and ".join(_demo.DEFAULT_RATES)
+        + ")",
+    )
+    demo.add_argument(
+        "--min-interval",
+        type=_seconds(0, inclusive=True),
+        default=_demo.DEFAULT_MIN_INTERVAL,
+        metavar="SECONDS",
+        help="least time between two calls of a token (default %(default)s)",
+    )
+    demo.add_argument(
+        "--tolerance",
+        type=_seconds(0, inclusive=True),
+        default=_demo.DEFAULT_TOLERANCE,
+        metavar="SECONDS",
+        help="how early an arrival the upstream forgives (default %(default)s): a "
+        "request reaches it a little after its slot, by a delay that varies, so "
+        "two slots exactly min-interval apart can arrive slightly closer",
+    )
+    demo.add_argument(
+        "--redis",
+        metavar="URL",
+        help="share limits through this Redis instead of a temporary SQLite file",
+    )
+    demo.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON object, no live display"
+    )
+
+    for name, summary in (
+        ("status", "per rate, used and remaining; the next free slot; any pause in force"),
+        ("reset", "forget everything about the keys"),
+    ):
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}. Keys are hashed with the namespace "
+            f"and the secret in ${SECRET_ENV} (if set) exactly as the library hashes them. "
+            "To keep tokens out of shell history, pass '-' to read keys from standard input "
+            "(one per line) or --key-env NAME to read one from an environment variable.",
+        )
+        store = sub.add_mutually_exclusive_group(required=True)
+        store.add_argument("--redis", metavar="URL", help="the Redis the limiter uses")
+        store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiter uses")
+        sub.add_argument(
+            "--namespace", default="default", help="the limiter's namespace (default %(default)s)"
+        )
+        sub.add_argument(
+            "--key-env",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="read a key from this environment variable (repeatable)",
+        )
+        if name == "status":
+            sub.add_argument(
+                "--rate",
+                type=_rate,
+                action="append",
+                required=True,
+                metavar="RATE",
+                help="the limiter's rates, repeatable, e.g. '5000/hour'",
+            )
+            sub.add_argument(
+                "--min-interval",
+                type=_seconds(0, inclusive=True),
+                default=0.0,
+                metavar="SECONDS",
+                help="the limiter's minimum interval",
+            )
+            sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.add_argument("keys", nargs="*", metavar="KEY", help="keys (access tokens), or '-'")
+    return parser
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _keys(args: argparse.Namespace) -> list[str]:
+    keys: list[str] = []
+    for key in args.keys:
+        if key == "-":
+            keys += [line.strip() for line in sys.stdin if line.strip()]
+        else:
+            keys.append(key)
+    for name in args.key_env:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            raise _UsageError(f"environment variable {name} is not set or empty")
+        keys.append(value)
+    if not keys:
+        raise _UsageError("no keys given: pass KEY..., '-' for standard input, or --key-env NAME")
+    return keys
+
+
+def _open_store(args: argparse.Namespace) -> Backend:
+    if args.redis is not None:
+        try:
+            return RedisBackend(args.redis)
+        except ValueError as exc:
+            raise _UsageError(f"bad Redis URL {_redact(args.redis)!r}: {exc}") from None
+    if not os.path.isfile(args.sqlite):
+        raise _UsageError(f"no SQLite store at {args.sqlite!r}")
+    return SQLiteBackend(args.sqlite)
+
+
+def _label(number: int, limiter: Limiter, key: str) -> dict[str, str]:
+    # Never the key itself: it is an access token. Its store key is safe to show.
+    return {"key": f"key {number}", "store_key": limiter._key(key)}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    limiter = Limiter(
+        _open_store(args), rates=args.rate, min_interval=args.min_interval, namespace=args.namespace
+    )
+    report: list[dict[str, Any]] = []
+    for number, key in enumerate(keys, 1):
+        usage = limiter.usage(key)
+        report.append(
+            {
+                **_label(number, limiter, key),
+                "rates": [
+                    {
+                        "rate": str(r.rate),
+                        "used": r.used,
+                        "remaining": r.remaining,
+                        "resets_in": round(r.resets_in, 6),
+                    }
+                    for r in usage.rates
+                ],
+                "next_slot_in": round(usage.next_slot_in, 6),
+                "paused_for": round(usage.paused_for, 6),
+                "paused_until": usage.paused_until,
+            }
+        )
+    if args.json:
+        print(json.dumps({"namespace": args.namespace, "keys": report}))
+        return EXIT_OK
+    for entry in report:
+        print(f"{entry['key']}  (store key {entry['store_key']})")
+        for r in entry["rates"]:
+            frees = f", a unit frees in {r['resets_in']:.3f} s" if r["used"] else ""
+            print(f"  {r['rate']:<14} used {r['used']}, remaining {r['remaining']}{frees}")
+        wait = entry["next_slot_in"]
+        print(f"  next free slot: {'now' if wait == 0 else f'in {wait:.3f} s'}")
+        paused = entry["paused_for"]
+        print(f"  paused: {'no' if paused == 0 else f'for {paused:.3f} s more'}")
+    return EXIT_OK
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    limiter = Limiter(_open_store(args), rates=[Rate(1, 1)], namespace=args.namespace)
+    for number, key in enumerate(keys, 1):
+        limiter.reset(key)
+        label = _label(number, limiter, key)
+        print(f"reset {label['key']} (store key {label['store_key']})")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import _demo
+
+    if args.redis is not None:
+        try:
+            backend = RedisBackend(args.redis)
+        except ValueError as exc:
+            raise _UsageError(f"bad Redis URL {_redact(args.redis)!r}: {exc}") from None
+        try:
+            Limiter(backend, rates=[Rate(1, 1)]).usage("probe")  # reachable, before anything starts
+        finally:
+            backend.close()
+    config = _demo.DemoConfig(
+        workers=args.workers,
+        tokens=args.tokens,
+        duration=args.duration,
+        rates=tuple(args.rate) if args.rate else _demo.DemoConfig.rates,
+        min_interval=args.min_interval,
+        tolerance=args.tolerance,
+        redis_url=args.redis,
+    )
+    live = not args.json and sys.stdout.isatty() and _has_rich()
+    if live:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console()
+        starting = f"starting the upstream API and {config.workers} crawler processes..."
+        with Live(starting, console=console, refresh_per_second=4) as display:
+            run = _demo.run_demo(config, watch=lambda run: display.update(_demo.live_view(run)))
+    else:
+        if not args.json:
+            print(
+                f"running the demo for {config.duration:g} s ({_demo.describe_quota(config)})...",
+                file=sys.stderr,
+            )
+        run = _demo.run_demo(config)
+    ok = run.summary["rejected"] == 0 and not run.errors
+    if args.json:
+        print(json.dumps({**run.summary, "ok": ok, "errors": run.errors}))
+    else:
+        print(_demo.summary_text(run.summary, run.errors))
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def quiet() -> None:
+    logging.getLogger("throttle_client").setLevel(logging.ERROR)
+
+
+COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``throttle-client`` console script and ``python -m throttle_client``."""
+    from ._demo import DemoError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # The command reports failures itself, in one line: the library's log lines (a store
+    # unavailable, an upstream 429) would only repeat them, or garble the live display.
+    quiet()
+    prefix = f"{PROG} {args.command}: error:"
+    try:
+        return COMMANDS[args.command](args)
+    except (_UsageError, ConfigurationError) as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BackendError as exc:  # BackendUnavailable included
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return EXIT_STORE
+    except (ThrottleError, DemoError, OSError) as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
