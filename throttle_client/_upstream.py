@@ -185,6 +185,9 @@ class StrictUpstream:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; with Nagle on, the body waits for
+            # the client's delayed ACK (~40 ms) and every answer arrives that late.
+            disable_nagle_algorithm = True
 
             def _answer(self) -> None:
                 now = time.monotonic()
