@@ -206,7 +206,7 @@ class _TransportCore(Generic[L]):
 
     def paused_meanwhile(self, plan: _Plan[L], usage: Usage) -> bool:
         if usage.paused_for > 0:
-            logger.info(
+            logger.debug(
                 "%s: %s was paused while it waited; queueing again after the pause",
                 plan.target,
                 plan.label,

@@ -1,0 +1,58 @@
+"""Every example runs as it stands (``python examples/NAME.py``) and says it succeeded.
+
+Each example starts the servers it needs and checks its own outcome (exit status 1
+when the upstream refused a call it should not have), so this only runs them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+EXPECTED = {
+    "multiprocess_crawler.py": [
+        "4 worker processes sent 40 requests",
+        "answered 200: 40; refused by the API (429): 0",
+        "OK: every token's quota was shared and never exceeded",
+    ],
+    "async_crawler.py": [
+        "36 pages over 3 tokens",
+        "final statuses: {200: 36}",
+        "OK: every refused request was retried after the shared pause",
+    ],
+    "decorated_fetch.py": [
+        "threads: 16 calls of fetch()",
+        "asyncio: 16 calls of afetch()",
+        "refused by the API (429): 0",
+        "OK: every call waited for its slot",
+    ],
+    "github_like.py": [
+        "58 answered 200",
+        "core calls: 40, search calls: 18",
+        "refused by the API (429): 0",
+        "OK: both quotas of every token were honoured",
+    ],
+}
+
+
+def test_every_example_is_covered():
+    assert sorted(path.name for path in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_runs(name):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=EXAMPLES.parent,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in EXPECTED[name]:
+        assert line in result.stdout, result.stdout + result.stderr
