@@ -26,6 +26,7 @@ from throttle_client import (
     Limiter,
     Rate,
     RedisBackend,
+    SQLiteBackend,
     ThrottleTimeout,
 )
 
@@ -52,8 +53,9 @@ def make_backend(spec: StoreSpec, *, asynchronous: bool) -> Any:
         if asynchronous:
             return AsyncRedisBackend(spec.url, cluster=spec.cluster)
         return RedisBackend(spec.url, cluster=spec.cluster)
-    # SQLite (issue 4) goes here: "sqlite:///path" -> the SQLite backend on that file, for
-    # both worlds (AsyncLimiter adapts a sync backend through its ``to_async``).
+    if spec.url.startswith("sqlite:///"):
+        # One file for both worlds: AsyncLimiter adapts it through ``to_async``.
+        return SQLiteBackend(spec.url.removeprefix("sqlite:///"))
     raise ValueError(f"no backend for store spec {spec.url!r}")
 
 

@@ -43,10 +43,11 @@ MIN_USE = 0.99
 US = 1_000_000
 
 # One entry per store: the fixture that gives its URL, whether it is a Redis Cluster,
-# and the costs calls draw from. The SQLite backend (issue 4) joins with one entry,
-#   pytest.param("sqlite_url", False, (1,), id="sqlite"),
-# and one branch in contention_worker.make_backend.
+# and the costs calls draw from (a new store is one entry here and one branch in
+# contention_worker.make_backend).
 VARIANTS = [
+    pytest.param("sqlite_url", False, (1,), id="sqlite"),
+    pytest.param("sqlite_url", False, (1, 1, 2, 3), id="sqlite-weighted"),
     pytest.param("redis_url", False, (1,), id="redis"),
     pytest.param("cluster_url", True, (1,), id="cluster", marks=pytest.mark.cluster),
     pytest.param(
