@@ -193,10 +193,12 @@ class _TransportCore(Generic[L]):
         return max(0.0, self.acquire_timeout - (time.monotonic() - started))
 
     def should_recheck(self, plan: _Plan[L], decision: Decision) -> bool:
-        """After ``acquire``: True if a pause may have arrived while the request slept.
+        """After ``acquire`` (logging an unusually long wait): True if a pause may have
+        arrived while the request slept towards its slot.
 
         A slot is booked before the sleep; another worker may hit a 429 meanwhile and
-        pause the key. A request that slept looks once more (one read) before it goes.
+        pause the key. A request that slept looks once more (one read) before it goes,
+        so only requests already on the wire meet the pause.
         """
         if decision.waited > LONG_WAIT:
             logger.info(
