@@ -14,6 +14,7 @@ from ._errors import (
     ThrottleError,
     ThrottleTimeout,
 )
+from ._failure import LocalFallback
 from ._limiter import AsyncLimiter, Limiter
 from ._memory import MemoryBackend
 from ._ops import AsyncBackend, Backend
@@ -46,6 +47,7 @@ __all__ = [
     "CostTooHigh",
     "Decision",
     "Limiter",
+    "LocalFallback",
     "MemoryBackend",
     "Rate",
     "RateUsage",
