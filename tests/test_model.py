@@ -90,6 +90,26 @@ class Agreement(RuleBasedStateMachine):
         self.clock.us += max(0, self.last_wait + offset)
         self.last_wait = 0
 
+    def _exits(self) -> list[int]:
+        """Future moments at which some logged entry leaves some window."""
+        now = self.clock.us
+        return sorted(
+            {
+                t + period
+                for log in self.model.logs.values()
+                for t, _ in log.entries
+                for _, period in self.model.rates
+                if t + period > now
+            }
+        )
+
+    @precondition(lambda self: bool(self._exits()))
+    @rule(pick=st.integers(0, 10_000), offset=st.sampled_from([-1, 0, 0, 1]))
+    def advance_to_window_edge(self, pick: int, offset: int) -> None:
+        """To just before, at, or just after an entry leaves a window: the half-open edge."""
+        exits = self._exits()
+        self.clock.us = max(self.clock.us, exits[pick % len(exits)] + offset)
+
     # -- operations ----------------------------------------------------------------
 
     def _cost_or_raise(self, cost: int, call: Any) -> bool:
