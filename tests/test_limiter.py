@@ -279,6 +279,8 @@ def test_window_slides_and_is_half_open(make_limiter: Any) -> None:
     assert us(limiter.try_acquire("k").retry_after) == 1  # one microsecond short
     clock.advance(0.000001)
     # At exactly 1 s the call from 0 is out of (now - 1 s, now]; the one from 0.5 s is in.
+    usage = limiter.usage("k").rates[0]
+    assert (usage.used, us(usage.resets_in)) == (1, 500_000)
     assert limiter.try_acquire("k").remaining == (0,)
     # A fixed window would start afresh at 1 s and admit a second call; a sliding one
     # waits for the call at 0.5 s to leave.
