@@ -417,6 +417,18 @@ def test_logs_say_what_happened_once_and_never_the_token(world, caplog):
     world.close(client)
 
 
+def test_an_unusually_long_wait_is_logged_once(world, caplog):
+    caplog.set_level(logging.INFO, logger="throttle_client")
+    client = world.client(world.limiter("1/minute"), Upstream(world.clock, []))
+    world.get(client)
+    world.get(client)
+    waits = [r.getMessage() for r in caplog.records if "for a slot" in r.getMessage()]
+    assert len(waits) == 1
+    assert waits[0].startswith("waited 60.0s for a slot for GET api.example.com/items (key#")
+    assert TOKEN not in waits[0]
+    world.close(client)
+
+
 def test_closing_closes_the_inner_transport(world):
     closed = []
 
