@@ -173,6 +173,22 @@ class _Connection:
         self.ops = 0
 
 
+def _use_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
+    """Switch the file to WAL (a setting the file keeps). The switch needs the file to
+    itself and SQLite may refuse it at once, without its busy handler, while other
+    processes open the same new file: so retry, until the busy timeout is spent."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteBackend:
     """Limits shared through one SQLite file by every process and thread on this host.
 
@@ -219,7 +235,7 @@ class SQLiteBackend:
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                 check_same_thread=False,  # only so close() may close it from any thread
             )
-            db.execute("PRAGMA journal_mode = WAL")
+            _use_wal(db, self.busy_timeout)
             db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
             # One statement at a time inside our own transaction (executescript would
             # commit first): processes that start together create the tables once.
