@@ -59,10 +59,10 @@ UNAVAILABLE = (
 # Every decision of a limiter sends the same keys and policy: both are formatted once
 # (as bytes, which redis-py sends as they are) and remembered, not rebuilt per call.
 @functools.lru_cache(maxsize=4096)
-def store_keys(key: str) -> tuple[bytes, bytes, bytes]:
-    """The log by slot, the log by running cost and the meta hash of one hashed key."""
+def store_keys(key: str) -> tuple[bytes, bytes]:
+    """The log (a sorted set) and the meta (a string) of one hashed key."""
     prefix = f"tc:{key}:".encode()
-    return prefix + b"s", prefix + b"c", prefix + b"m"
+    return prefix + b"log", prefix + b"meta"
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,10 +1,16 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
--- A port of throttle_client/_log.py; see that module for the reasoning.
+-- The algorithm is _log.py's (see that module for the reasoning); the storage is
+-- shaped so that an admission costs four redis.call()s: TIME, GET, ZADD, SET.
 --
--- KEYS[1] log by slot:        zset, score = slot (µs since the epoch), member = call id
--- KEYS[2] log by running cost: zset, score = running total of costs,     member = call id
--- KEYS[3] meta:               hash, last / total / base / pause
---   All three share one {hash tag}, so the script is legal on a Redis Cluster.
+-- KEYS[1] L, the log: one zset holding each admitted call twice,
+--            "s" .. running total (zero-padded) with score = slot (µs, >= 0), and
+--            "c" .. call id                      with score = -(running total) (<= -1);
+--         so L answers both "running total at the newest slot <= t" and "slot at which
+--         the running total reaches y" with one lookup each, and one ZADD NX books
+--         a call and refuses a second booking of the same call id.
+-- KEYS[2] M, the meta: a string "last total base pause first exp" (µs and costs;
+--            -1 for no entry); its TTL is set with every write of it.
+--   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
 -- ARGV[1] op: acquire | inspect | pause | reset
 -- ARGV[2] now in µs, or "" to use the server's TIME (only tests pass a time)
@@ -12,49 +18,46 @@
 -- ARGV[4] number of rates R, then R pairs (limit, period µs)
 -- then    acquire: cost, max wait µs (-1 = any), call id;  pause: duration µs
 --
--- Numbers travel as integers formatted with %d: tostring() of a Lua number would
--- give 1.7e+15 for a timestamp in µs.
+-- `first` (the oldest logged slot) lets a window that starts before it skip its
+-- lookup; trimming runs in batches, once that entry is a tenth of the longest
+-- period past the longest window; L's TTL is renewed only when the horizon
+-- passes `exp`. Numbers travel as integers formatted with %d: Lua's own conversion
+-- of a number would give 1.7e+15 for a timestamp in µs.
 
 if redis.replicate_commands then
   redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
 end
 
-local by_slot, by_cum, meta = KEYS[1], KEYS[2], KEYS[3]
+local log, meta = KEYS[1], KEYS[2]
 local op = ARGV[1]
+local format = string.format
 
 local function fail(message)
   return redis.error_reply('ERR throttle_client: ' .. message)
 end
 
-local function int(x)
-  return string.format('%d', x)
-end
-
--- A finite whole number >= low, or nil.
+-- A whole number >= low and < 2^53 (so exact in a double), or nil: nan, inf,
+-- fractions and junk all fail one of the comparisons.
 local function whole(value, low)
   local x = tonumber(value)
-  if x == nil or x ~= x or x == math.huge or x == -math.huge or x ~= math.floor(x) or x < low then
-    return nil
-  end
-  return x
+  if x and x % 1 == 0 and x >= low and x < 9007199254740992 then return x end
 end
 
 if op == 'reset' then
-  redis.call('DEL', by_slot, by_cum, meta)
+  redis.call('DEL', log, meta)
   return 1
 end
 
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 else
   now = whole(ARGV[2], 0)
   if not now then return fail('bad time ' .. tostring(ARGV[2])) end
 end
 
-local gap = whole(ARGV[3], 0)
-local nrates = whole(ARGV[4], 1)
+local gap, nrates = whole(ARGV[3], 0), whole(ARGV[4], 1)
 if not gap or not nrates then return fail('bad policy') end
 local limits, periods, longest = {}, {}, 0
 for i = 1, nrates do
@@ -64,33 +67,46 @@ for i = 1, nrates do
   if period > longest then longest = period end
 end
 local horizon = math.max(longest, gap)
+local slack = math.max(math.floor(horizon / 10), 1000000) -- TTL and trimming batch, µs
 local arg = 5 + 2 * nrates -- first argument of the operation
 
-local state = redis.call('HMGET', meta, 'last', 'total', 'base', 'pause')
-local last = tonumber(state[1]) -- nil until the first call
-local total = tonumber(state[2]) or 0
-local base = tonumber(state[3]) or 0
-local pause = tonumber(state[4]) or 0
+local last, total, base, pause, first, expires = -1, 0, 0, 0, -1, 0
+local state = redis.call('GET', meta)
+if not state then
+  -- No meta: a new key, or one that expired. The log expires with the meta, but
+  -- may outlive it by a millisecond: its entries would clash with the new totals.
+  -- (Emptied, not deleted: a key of the wrong type stays, and stays an error.)
+  if op ~= 'inspect' then redis.call('ZREMRANGEBYRANK', log, 0, -1) end
+else
+  local a, b, c, d, e, f = string.match(state, '^(%-?%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d+)$')
+  if not a then return fail('unreadable meta') end
+  last, total, base, pause, first, expires = tonumber(a), tonumber(b), tonumber(c),
+    tonumber(d), tonumber(e), tonumber(f)
+end
+
+local function entry(cum) -- the "s" member of the entry whose running total is cum
+  return format('s%015d', cum)
+end
 
 local function time_at_cum(target)
-  local id = redis.call('ZRANGEBYSCORE', by_cum, int(target), '+inf', 'LIMIT', 0, 1)[1]
-  return tonumber(redis.call('ZSCORE', by_slot, id))
+  local hit = redis.call('ZREVRANGEBYSCORE', log, format('%d', -target), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  return tonumber(redis.call('ZSCORE', log, entry(-hit[2])))
 end
 
 local function cum_through(t)
-  local n = redis.call('ZCOUNT', by_slot, '-inf', int(t))
-  if n == 0 then return base end
-  return tonumber(redis.call('ZRANGE', by_cum, n - 1, n - 1, 'WITHSCORES')[2])
+  if first < 0 or t < first then return base end
+  local hit = redis.call('ZREVRANGEBYSCORE', log, format('%d', t), 0, 'LIMIT', 0, 1)[1]
+  return tonumber(string.sub(hit, 2))
 end
 
 local function first_after(t)
-  local hit = redis.call('ZRANGEBYSCORE', by_slot, '(' .. int(t), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  return tonumber(hit[2])
+  local low = '(' .. format('%d', math.max(t, -1)) -- never below 0: "c" members live there
+  return tonumber(redis.call('ZRANGEBYSCORE', log, low, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end
 
 local function earliest_slot(cost)
-  local slot = math.max(now, pause)
-  if last then slot = math.max(slot, last + gap) end
+  local slot = math.max(now, pause, last + gap)
+  if last < 0 then slot = math.max(now, pause) end
   for i = 1, nrates do
     local target = total - limits[i] + cost
     if target > base then
@@ -107,12 +123,20 @@ local function remaining_at(point, out)
   return out
 end
 
--- Every key this script writes expires once nothing in it can matter.
-local function expire_at(when)
-  local ttl = math.floor((when - now) / 1000) + 1000
-  redis.call('PEXPIRE', by_slot, ttl)
-  redis.call('PEXPIRE', by_cum, ttl)
-  redis.call('PEXPIRE', meta, ttl)
+local function booked(id) -- the slot an earlier attempt of this call booked, if any
+  local cum = redis.call('ZSCORE', log, 'c' .. id)
+  return cum and tonumber(redis.call('ZSCORE', log, entry(-cum)))
+end
+
+-- Write M, with a TTL reaching past everything that still matters (`needed`); renew
+-- L's TTL too when that passes the one it was given (or L was just created).
+local function save(needed, fresh)
+  if fresh or needed > expires then
+    expires = needed + slack
+    redis.call('PEXPIRE', log, format('%d', math.ceil((expires - now) / 1000)))
+  end
+  redis.call('SET', meta, format('%d %d %d %d %d %d', last, total, base, pause, first, expires),
+    'PX', format('%d', math.ceil((expires - now) / 1000)))
 end
 
 if op == 'acquire' then
@@ -121,33 +145,34 @@ if op == 'acquire' then
   if not max_wait then return fail('bad max wait') end
   if not id or id == '' then return fail('missing call id') end
   for i = 1, nrates do
-    if cost > limits[i] then return fail('cost ' .. int(cost) .. ' above limit ' .. int(limits[i])) end
-  end
-
-  local booked = tonumber(redis.call('ZSCORE', by_slot, id))
-  if booked then -- the same call again (a driver retry): it already holds its slot
-    return remaining_at(booked, {1, now, booked, pause})
+    if cost > limits[i] then return fail(format('cost %d above limit %d', cost, limits[i])) end
   end
 
   local slot = earliest_slot(cost)
   if max_wait >= 0 and slot - now > max_wait then
+    local earlier = booked(id)
+    if earlier then return remaining_at(earlier, {1, now, earlier, pause}) end
     return remaining_at(now, {0, now, slot, pause}) -- refused: nothing written
   end
-
-  total = total + cost
-  redis.call('ZADD', by_slot, int(slot), id)
-  redis.call('ZADD', by_cum, int(total), id)
-  redis.call('HSET', meta, 'last', int(slot), 'total', int(total))
-  last = slot
-
-  local stale = redis.call('ZCOUNT', by_slot, '-inf', int(now - longest))
-  if stale > 0 then
-    base = tonumber(redis.call('ZRANGE', by_cum, stale - 1, stale - 1, 'WITHSCORES')[2])
-    redis.call('ZREMRANGEBYRANK', by_slot, 0, stale - 1)
-    redis.call('ZREMRANGEBYRANK', by_cum, 0, stale - 1)
-    redis.call('HSET', meta, 'base', int(base))
+  local cum = total + cost
+  if redis.call('ZADD', log, 'NX', format('%d', slot), entry(cum), format('%d', -cum), 'c' .. id) < 2 then
+    -- The same call again (a driver retry): it keeps the slot it booked.
+    redis.call('ZREM', log, entry(cum))
+    local earlier = booked(id)
+    return remaining_at(earlier, {1, now, earlier, pause})
   end
-  expire_at(math.max(slot, pause) + horizon)
+  total, last = cum, slot
+  local fresh = first < 0 -- L was empty, so it was just created: it needs its TTL
+  if fresh then first = slot end
+
+  local cutoff = now - longest
+  if first <= cutoff - slack then -- trim a batch: entries no window can reach any more
+    base = cum_through(cutoff)
+    redis.call('ZREMRANGEBYSCORE', log, 0, format('%d', cutoff))
+    redis.call('ZREMRANGEBYSCORE', log, format('%d', -base), -1)
+    first = tonumber(redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  end
+  save(math.max(slot, pause) + horizon, fresh)
   return remaining_at(slot, {1, now, slot, pause})
 end
 
@@ -168,8 +193,7 @@ if op == 'pause' then
   if not duration then return fail('bad pause duration') end
   if now + duration > pause then -- a pause only ever moves forward
     pause = now + duration
-    redis.call('HSET', meta, 'pause', int(pause))
-    expire_at(math.max(pause, last or 0) + horizon)
+    save(math.max(pause, last) + horizon, false)
   end
   return {pause, now}
 end
