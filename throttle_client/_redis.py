@@ -2,14 +2,15 @@
 
 Sync and asyncio backends share everything but the call itself: the script,
 how an operation becomes KEYS/ARGV, how the reply becomes a result, and how
-driver errors become ours. redis-py's ``Script`` runs EVALSHA and loads the
-script again on NOSCRIPT, so a ``SCRIPT FLUSH``, a restart or a failover is
-invisible to callers.
+driver errors become ours. Each call is one EVALSHA; on NOSCRIPT the script is
+loaded again and the call repeated, so a ``SCRIPT FLUSH``, a restart or a failover
+is invisible to callers.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -28,6 +29,7 @@ from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 T = TypeVar("T")
 
 SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
+SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 
 # Set on clients built from a URL: a hung store must not hang a worker (DESIGN §5).
 # No retries inside redis-py (its default is ten, with backoff, and each one may wait
@@ -116,8 +118,8 @@ def _misconfigured(exc: rx.RedisError) -> bool:
     return isinstance(exc, rx.ConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
-# A SCRIPT FLUSH can land between redis-py's reload of the script and its EVALSHA;
-# a few more tries are enough, as each one loads the script again.
+# A SCRIPT FLUSH can land between our reload of the script and the EVALSHA after
+# it; a few more tries are enough, as each one loads the script again.
 _NOSCRIPT_TRIES = 3
 
 
@@ -143,19 +145,21 @@ class RedisBackend:
         elif not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
         self.client = client
-        self._script = client.register_script(SCRIPT)
 
     def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-            try:
-                return decode(op, self._script(keys=keys, args=args))
-            except rx.NoScriptError as exc:
-                if not tries_left:
-                    raise translate(exc) from exc
-            except rx.RedisError as exc:
-                raise translate(exc) from exc
-        raise AssertionError("unreachable")
+        try:
+            for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+                try:
+                    reply = self.client.evalsha(SHA, len(keys), *keys, *args)
+                    break
+                except rx.NoScriptError:
+                    if not tries_left:
+                        raise
+                    self.client.script_load(SCRIPT)
+        except rx.RedisError as exc:
+            raise translate(exc) from exc
+        return decode(op, reply)
 
     def close(self) -> None:
         self.client.close()
@@ -181,19 +185,21 @@ class AsyncRedisBackend:
                 f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
             )
         self.client = client
-        self._script = client.register_script(SCRIPT)
 
     async def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-            try:
-                return decode(op, await self._script(keys=keys, args=args))
-            except rx.NoScriptError as exc:
-                if not tries_left:
-                    raise translate(exc) from exc
-            except rx.RedisError as exc:
-                raise translate(exc) from exc
-        raise AssertionError("unreachable")
+        try:
+            for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+                try:
+                    reply = await self.client.evalsha(SHA, len(keys), *keys, *args)
+                    break
+                except rx.NoScriptError:
+                    if not tries_left:
+                        raise
+                    await self.client.script_load(SCRIPT)
+        except rx.RedisError as exc:
+            raise translate(exc) from exc
+        return decode(op, reply)
 
     async def aclose(self) -> None:
         await self.client.aclose()
