@@ -61,8 +61,9 @@ def everything_stored(client: redis.Redis) -> list[str]:
         kind = client.type(key)
         if kind == "zset":
             seen += [member for member, _ in client.zrange(key, 0, -1, withscores=True)]
-        elif kind == "string":
-            seen.append(client.get(key))
+        elif kind == "string":  # the meta: msgpack, so binary; latin-1 keeps every byte
+            raw = client.execute_command("GET", key, NEVER_DECODE=True)
+            seen.append(raw.decode("latin-1"))
         else:
             raise AssertionError(f"unexpected {kind} at {key}")
     return seen

@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._errors import BackendError, BackendUnavailable
+from ._errors import BackendError, BackendUnavailable, ConfigurationError
 from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 
 T = TypeVar("T")
@@ -68,12 +68,19 @@ def store_keys(key: str) -> tuple[bytes, bytes]:
 
 
 @functools.lru_cache(maxsize=256)
-def policy_args(policy: Policy) -> tuple[bytes, ...]:
-    """ARGV[3] onwards: the minimum gap, the number of rates, then (limit, period) pairs."""
-    numbers = [policy.min_interval_us, len(policy.limits)]
+def policy_arg(policy: Policy) -> bytes:
+    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per policy.
+
+    Every number is a non-negative integer below 2**64 and there are at most 15 of
+    them (seven rates), so a fixarray of uint64s (or positive fixints) is all it takes.
+    """
+    numbers = [policy.min_interval_us]
     for limit, period in policy.limits:
         numbers += [limit, period]
-    return tuple(b"%d" % number for number in numbers)
+    if len(numbers) > 15:
+        raise ConfigurationError(f"at most 7 rates per limiter, not {len(policy.limits)}")
+    packed = [bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big") for n in numbers]
+    return bytes([0x90 | len(numbers)]) + b"".join(packed)
 
 
 def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
@@ -81,24 +88,26 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     if isinstance(op, Reset):
         return store_keys(op.key), (b"reset",)
     assert isinstance(op, (Acquire, Inspect, Pause))
-    now = b"" if op.now_us is None else b"%d" % op.now_us
-    keys, policy = store_keys(op.key), policy_args(op.policy)
+    now = b"-" if op.now_us is None else b"%d" % op.now_us
+    keys, policy = store_keys(op.key), policy_arg(op.policy)
     if isinstance(op, Acquire):
-        return keys, (b"acquire", now, *policy, b"%d" % op.cost, b"%d" % op.max_wait_us, op.call_id)
+        cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
+        return keys, (b"acquire", policy, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
-        return keys, (b"pause", now, *policy, b"%d" % op.duration_us)
-    return keys, (b"inspect", now, *policy)
+        return keys, (b"pause", policy, now, b"%d" % op.duration_us)
+    return keys, (b"inspect", policy, now)
 
 
 def decode(op: Op[T], reply: Any) -> T:
+    values = [int(word) for word in reply.split()]
     if isinstance(op, Acquire):
-        allowed, now, slot, pause, *remaining = [int(x) for x in reply]
+        allowed, now, slot, pause, *remaining = values
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
     if isinstance(op, Inspect):
-        now, next_slot, pause, *per_rate = [int(x) for x in reply]
+        now, next_slot, pause, *per_rate = values
         return cast(T, Snapshot(now, next_slot, pause, tuple(per_rate[::2]), tuple(per_rate[1::2])))
     if isinstance(op, Pause):
-        return cast(T, int(reply[0]))
+        return cast(T, values[0])
     return cast(T, None)
 
 
