@@ -23,22 +23,22 @@ from throttle_client import Limiter, Rate, RedisBackend
 from throttle_client._redis import SCRIPT, decode, encode
 from throttle_client.testing import RedisServer
 
-REPLY = [1, 1_700_000_000_000_000, 1_700_000_000_000_000, 0, 999_999]
+REPLY = b"1 1700000000000000 1700000000000000 0 999999"  # what the script answers
 
 
 def round_trips(url: str) -> None:
     conn = redis.Redis.from_url(url)
     limiter = Limiter(RedisBackend(conn), rates=[Rate(10**9, 3600)], namespace="bench")
     floor = conn.script_load("return 1")
-    sized = conn.script_load("return {" + ",".join(map(str, REPLY)) + "}")
+    sized = conn.script_load(f"return '{REPLY.decode()}'")
     ours = conn.script_load(SCRIPT)
     keys, args = encode(limiter._acquire_op("token", 1, 0))
     ids = itertools.count()
     steps: dict[str, Callable[[], object]] = {
         "floor: EVALSHA 'return 1', one key": lambda: conn.evalsha(floor, 1, "k"),
-        "+ our 3 keys, 12 args, 5-int reply": lambda: conn.evalsha(sized, 3, *keys, *args),
+        "+ our keys, args and reply sizes": lambda: conn.evalsha(sized, len(keys), *keys, *args),
         "+ our script's work (bare evalsha)": lambda: conn.evalsha(
-            ours, 3, *keys, *args[:-1], b"%d" % next(ids)
+            ours, len(keys), *keys, *args[:-1], b"%d" % next(ids)
         ),
         "+ RedisBackend.execute": lambda: limiter.backend.execute(
             limiter._acquire_op("token", 1, 0)
@@ -65,7 +65,7 @@ def round_trips(url: str) -> None:
 
 def python_side() -> None:
     backend = RedisBackend(redis.Redis.from_url("redis://127.0.0.1:1/0"))  # never connects
-    backend._script = lambda keys, args: REPLY  # type: ignore[assignment,method-assign]
+    backend.client.evalsha = lambda *args: REPLY  # type: ignore[method-assign]
     limiter = Limiter(backend, rates=[Rate(10**9, 3600)], namespace="bench")
     op = limiter._acquire_op("token", 1, 0)
     verdict = decode(op, REPLY)
@@ -78,7 +78,7 @@ def python_side() -> None:
         "_decision": lambda: limiter._decision(verdict, 1, waits=False),
         "try_acquire, round trip stubbed out": lambda: limiter.try_acquire("token"),
         "redis-py pack_command, ours": lambda: conn.pack_command(
-            "EVALSHA", "x" * 40, 3, *keys, *args
+            "EVALSHA", "x" * 40, len(keys), *keys, *args
         ),
         "redis-py pack_command, floor": lambda: conn.pack_command("EVALSHA", "x" * 40, 1, "k"),
     }
