@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 
+from throttle_client import Limiter, RedisBackend
 from throttle_client.testing import StrictUpstream
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -30,5 +32,11 @@ def test_readme_example_runs(index: int, redis_url: str) -> None:
             assert callable(fetch)
             assert b'"ok": true' in fetch("ACCESS-TOKEN", f"{upstream.url}/items")
         stats = upstream.stats()
+        # The sync snippet keeps a client and a Redis connection for the process's life.
+        client, limiter = namespace.get("client"), namespace.get("limiter")
+        if isinstance(client, httpx.Client):
+            client.close()
+        if isinstance(limiter, Limiter) and isinstance(limiter.backend, RedisBackend):
+            limiter.backend.close()
     assert stats["rejected"] == 0
     assert stats["admitted"] >= 1  # the example did reach the upstream
