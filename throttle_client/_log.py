@@ -1,8 +1,9 @@
 """The sliding-window log algorithm of DESIGN §2, written once over a small storage view.
 
-The memory and SQLite backends run this module; the Redis Lua script
-(``lua/sliding_log.lua``) is a line-for-line port of it, and the test suite holds
-all of them to a naive reference model.
+The memory and SQLite backends run this module. The Redis Lua script
+(``lua/sliding_log.lua``) runs the same algorithm, step for step, over a storage
+laid out for as few Redis calls as possible (see its header); the test suite holds
+all of them to a naive reference model, on the same random sequences.
 
 A key's log is a list of admitted calls in slot order. Each entry keeps its slot
 time ``t`` and ``cum``, the running total of costs up to and including it. Because
