@@ -151,7 +151,7 @@ class FailureGuard:
             fallback = self.fallback
             return lambda: fallback.execute(local)
         if self.on_unavailable == "allow" and isinstance(op, (Acquire, Pause)):
-            now = op.now_us if op.now_us is not None else int(time.time() * 1_000_000)
+            now = op.time_us(time.time)
             if isinstance(op, Acquire):
                 limits = tuple(limit for limit, _ in op.policy.limits)
                 verdict = Verdict(True, now, now, 0, limits)

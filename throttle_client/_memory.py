@@ -99,10 +99,7 @@ class MemoryBackend:
 
     def execute(self, op: Op[T]) -> T:
         with self._lock:
-            now = getattr(op, "now_us", None)
-            if now is None:
-                now = int(self._clock() * 1_000_000)
-            key: str = getattr(op, "key")  # noqa: B009 - every Op has a key
+            now, key = op.time_us(self._clock), op.key
             log = self._logs.get(key)
             if log is None or (log.expires_at and log.expires_at <= now):
                 log = self._logs[key] = _MemoryLog()

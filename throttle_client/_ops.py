@@ -9,6 +9,7 @@ answer the same four operations with exactly the semantics of DESIGN §2.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -37,6 +38,12 @@ class Op(Generic[T_co]):
     """An operation on one key's log whose answer is a ``T_co``."""
 
     __slots__ = ()
+    key: str  # the hashed store key
+    now_us: int | None  # the time to run at (tests inject one); None: the store's clock
+
+    def time_us(self, clock: Callable[[], float]) -> int:
+        """When the operation runs: the time it carries, else ``clock`` (host seconds)."""
+        return self.now_us if self.now_us is not None else int(clock() * 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class Pause(Op[int]):
 @dataclass(frozen=True)
 class Reset(Op[None]):
     key: str
+    now_us: int | None = None
 
 
 class Backend(Protocol):

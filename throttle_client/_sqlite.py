@@ -267,11 +267,8 @@ class SQLiteBackend:
         try:
             db.execute("BEGIN IMMEDIATE" if writable else "BEGIN")
             try:
-                now = getattr(op, "now_us", None)
-                if now is None:
-                    now = int(self._clock() * 1_000_000)
-                key: str = getattr(op, "key")  # noqa: B009 - every Op has a key
-                log = _SQLiteLog(db, key, now, writable=writable)
+                now = op.time_us(self._clock)
+                log = _SQLiteLog(db, op.key, now, writable=writable)
                 result = _log.execute(log, op, now)
                 if writable:
                     log.save()
