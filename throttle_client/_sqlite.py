@@ -18,7 +18,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -239,15 +240,10 @@ class SQLiteBackend:
             db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
             # One statement at a time inside our own transaction (executescript would
             # commit first): processes that start together create the tables once.
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db, "BEGIN IMMEDIATE"):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         conn = _Connection(db)
@@ -265,8 +261,7 @@ class SQLiteBackend:
         # other operation takes the write lock first, so its read-decide-write is atomic.
         writable = not isinstance(op, Inspect)
         try:
-            db.execute("BEGIN IMMEDIATE" if writable else "BEGIN")
-            try:
+            with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
                 now = op.time_us(self._clock)
                 log = _SQLiteLog(db, op.key, now, writable=writable)
                 result = _log.execute(log, op, now)
@@ -275,11 +270,6 @@ class SQLiteBackend:
                     conn.ops += 1
                     if conn.ops % _SWEEP_EVERY == 0:
                         _sweep(db, now)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         return result
@@ -309,6 +299,19 @@ class SQLiteBackend:
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({str(self.path)!r})"
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[None]:
+    """``begin``, then COMMIT; on any error (or interruption) ROLLBACK, if still open."""
+    db.execute(begin)
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
