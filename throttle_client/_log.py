@@ -16,11 +16,14 @@ at the newest trimmed entry.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Protocol, TypeVar, cast
 
 from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 
 T = TypeVar("T")
+logger = logging.getLogger("throttle_client")
 
 
 class LogView(Protocol):
@@ -129,3 +132,54 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
         log.delete()
         return cast(T, None)
     raise TypeError(f"unknown operation {op!r}")
+
+
+# -- partial state ------------------------------------------------------------------------
+# A store may lose one part of a key and keep the other (Redis: maxmemory eviction, a
+# DEL; SQLite: rows removed by hand), or hold a part it cannot read. The store rebuilds
+# what is missing in the same atomic step, by the rules below, which never admit a call
+# that the lost state would have refused:
+#
+# - entries lost, summary kept: all of the lost units are put at the newest slot
+#   (``last``), so a rate they fill waits until ``last`` + its period: a stall of at
+#   most one period after the last slot, never over-use;
+# - summary lost or unreadable, entries kept: ``last`` and ``total`` come from the newest
+#   entry, ``base`` from the oldest (:func:`rebuilt_base`); a pause in force is lost.
+# - Entries that no window can reach any more are simply dropped: that is a key that
+#   expired, not a loss.
+
+
+def rebuilt_base(oldest_cum: int, policy: Policy) -> int:
+    """``base`` for a log whose summary is lost, from the running total at its oldest
+    entry: that entry cost at most the smallest limit (a larger cost is never admitted),
+    so this counts too much, never too little."""
+    return max(0, oldest_cum - min(limit for limit, _ in policy.limits))
+
+
+def still_matters(newest_slot: int, policy: Policy, now: int) -> bool:
+    """Whether an entry at ``newest_slot`` can still bear on a decision at ``now``."""
+    return newest_slot + policy.horizon_us > now
+
+
+REPAIRS = {
+    "log": "its log was lost (evicted, deleted, or expired before its meta); its units are "
+    "now counted at its newest slot, so it may wait up to its longest period after that slot",
+    "meta": "its meta was lost or unreadable; it was rebuilt from the log, counting "
+    "conservatively, and any pause in force was lost",
+}
+
+
+class RepairNotice:
+    """Says that a store rebuilt part of a key: one WARNING per backend, then DEBUG (an
+    eviction or a flush touches many keys, and every worker would repeat it)."""
+
+    def __init__(self) -> None:
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, part: str) -> None:
+        """``key`` is the hashed store key (never a token); ``part`` a key of REPAIRS."""
+        with self._lock:
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+        logger.log(level, "throttle_client: repaired store key %s: %s", key, REPAIRS[part])
