@@ -10,6 +10,10 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
 
     tc_entries(key, slot, cum, call_id)   one row per admitted call
     tc_meta(key, last, total, base, pause_until, expires_at)
+
+Both are written in one transaction, so only hands from outside can leave a key's
+rows without its meta, a meta without its rows, or a meta this version cannot read;
+the operation that finds such a key rebuilds it by the rules in ``_log``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, TypeVar
 
 from . import _log
 from ._errors import BackendError, BackendUnavailable, ConfigurationError
-from ._ops import Inspect, Op, ThreadedAsync
+from ._ops import Acquire, Inspect, Op, Pause, Policy, ThreadedAsync
 
 T = TypeVar("T")
 
@@ -52,7 +56,13 @@ CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
 # slots never go backwards, so ordering by slot then cum follows the (key, slot, cum) index.
-_META = "SELECT last, total, base, pause_until, expires_at FROM tc_meta WHERE key = ?"
+# The meta, and whether the key has any entry: a meta whose entries are gone is repaired.
+_META = (
+    "SELECT last, total, base, pause_until, expires_at, "
+    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?) FROM tc_meta WHERE key = ?"
+)
+_NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
+_OLDEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot, cum LIMIT 1"
 _SLOT_OF = "SELECT slot FROM tc_entries WHERE key = ? AND call_id = ?"
 _TIME_AT_CUM = "SELECT slot FROM tc_entries WHERE key = ? AND cum >= ? ORDER BY cum LIMIT 1"
 _CUM_THROUGH = (
@@ -65,6 +75,8 @@ _FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 LOOKUPS = (
     _META,
+    _NEWEST,
+    _OLDEST,
     _SLOT_OF,
     _TIME_AT_CUM,
     _CUM_THROUGH,
@@ -74,6 +86,9 @@ LOOKUPS = (
     _FORGET_META,
     _EXPIRED,
 )
+
+_INSERT = "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)"
+_REPAIRED_ID = "(repaired)"  # the call id of an entry rebuilt by repair(): no caller's id
 
 _SWEEP_EVERY = 1024  # operations (per connection) between sweeps of expired keys
 _SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much work
@@ -92,14 +107,50 @@ class _SQLiteLog:
         self.expires_at = 0
         self.dirty = False  # meta must be written back
         self.live = True  # False: the stored rows are expired and must be ignored
-        row = db.execute(_META, (key,)).fetchone()
-        if row is not None:
-            if not 0 < row[4] <= now:
-                self.last, self.total, self.base, self.pause_until, self.expires_at = row
-            elif writable:  # nothing in it matters any more: start afresh
-                self.delete()
-            else:  # a read must not write: look as if the key were gone
-                self.live = False
+        # The part found lost or unreadable ("log" or "meta"), for repair() to rebuild;
+        # a meta that is merely missing is "meta" only if entries are left.
+        self.lost: str | None = None
+        self.unreadable = False
+        row = db.execute(_META, (key, key)).fetchone()
+        if row is None:
+            if db.execute(_NEWEST, (key,)).fetchone() is not None:
+                self.lost = "meta"
+        elif not _readable(row):
+            self.lost, self.unreadable = "meta", True
+        elif not 0 < row[4] <= now:
+            self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
+            if self.total > self.base and not row[5]:
+                self.lost = "log"
+        elif writable:  # nothing in it matters any more: start afresh
+            self.delete()
+        else:  # a read must not write: look as if the key were gone
+            self.live = False
+
+    def repair(self, policy: Policy, now: int) -> str | None:
+        """Rebuild the lost part by the rules of ``_log`` (in this transaction); answers
+        which part was rebuilt, or None when nothing lost could still matter."""
+        lost, self.lost = self.lost, None
+        if lost == "log":
+            assert self.last is not None
+            if not _log.still_matters(self.last, policy, now):
+                self.base, self.dirty = self.total, True  # no window reaches them: no loss
+                return None
+            # All of the lost units at the newest slot.
+            self.db.execute(_INSERT, (self.key, self.last, self.total, _REPAIRED_ID))
+        else:
+            self.db.execute(_FORGET_META, (self.key,))
+            newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
+            if newest is None or not _log.still_matters(newest[0], policy, now):
+                self.db.execute(_FORGET_ENTRIES, (self.key,))
+                if not self.unreadable:
+                    return None  # a key whose time was up: nothing was lost
+            else:
+                oldest = self.db.execute(_OLDEST, (self.key,)).fetchone()
+                self.last, self.total = newest
+                self.base = _log.rebuilt_base(oldest[1], policy)
+        self.dirty = True
+        self.expire_at(max(now, self.last or 0, self.pause_until) + policy.horizon_us)
+        return lost
 
     def _one(self, sql: str, *args: object) -> Any:
         if not self.live:
@@ -127,10 +178,7 @@ class _SQLiteLog:
         self.total += cost
         self.last = t
         self.dirty = True
-        self.db.execute(
-            "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)",
-            (self.key, t, self.total, call_id),
-        )
+        self.db.execute(_INSERT, (self.key, t, self.total, call_id))
 
     def trim(self, cutoff: int) -> None:
         newest = self._one(_CUM_THROUGH, cutoff)
@@ -163,6 +211,21 @@ class _SQLiteLog:
                 "pause_until = excluded.pause_until, expires_at = excluded.expires_at",
                 (self.key, self.last, self.total, self.base, self.pause_until, self.expires_at),
             )
+
+
+def _readable(row: tuple[Any, ...]) -> bool:
+    """Whether a tc_meta row holds what this version writes (a column of SQLite takes
+    any value, whatever its declared type)."""
+    last, total, base, pause_until, expires_at = row[:5]
+    numbers = (total, base, pause_until, expires_at)
+    if not all(type(n) is int for n in numbers) or not 0 <= base <= total:
+        return False
+    # A key that was only ever paused is the one kind without a last slot.
+    return type(last) is int or (last is None and total == base)
+
+
+class _RepairNeeded(Exception):
+    """A read found part of a key lost or unreadable: repairing it needs the write lock."""
 
 
 class _Connection:
@@ -221,6 +284,7 @@ class SQLiteBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[_Connection] = []  # this process's connections, for close()
+        self._repairs = _log.RepairNotice()
         self._connection()  # fail now, naming the path, if the file cannot be used
 
     def _connection(self) -> _Connection:
@@ -256,23 +320,38 @@ class SQLiteBackend:
 
     def execute(self, op: Op[T]) -> T:
         conn = self._connection()
-        db = conn.db
         # A read (usage) takes a snapshot and never queues behind writers (WAL); every
         # other operation takes the write lock first, so its read-decide-write is atomic.
         writable = not isinstance(op, Inspect)
         try:
-            with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
-                now = op.time_us(self._clock)
-                log = _SQLiteLog(db, op.key, now, writable=writable)
-                result = _log.execute(log, op, now)
-                if writable:
-                    log.save()
-                    conn.ops += 1
-                    if conn.ops % _SWEEP_EVERY == 0:
-                        _sweep(db, now)
+            try:
+                result, repaired = self._run(conn, op, writable=writable)
+            except _RepairNeeded:  # a read found part of the key lost: again, as a write
+                result, repaired = self._run(conn, op, writable=True)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
+        if repaired:  # said once it is committed
+            self._repairs(op.key, repaired)
         return result
+
+    def _run(self, conn: _Connection, op: Op[T], *, writable: bool) -> tuple[T, str | None]:
+        """``op`` in one transaction, and the part of the key it repaired."""
+        db = conn.db
+        with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
+            now = op.time_us(self._clock)
+            log = _SQLiteLog(db, op.key, now, writable=writable)
+            repaired = None
+            if log.lost and isinstance(op, (Acquire, Inspect, Pause)):  # reset forgets all
+                if not writable:
+                    raise _RepairNeeded
+                repaired = log.repair(op.policy, now)
+            result = _log.execute(log, op, now)
+            if writable:
+                log.save()
+                conn.ops += 1
+                if conn.ops % _SWEEP_EVERY == 0:
+                    _sweep(db, now)
+        return result, repaired
 
     def to_async(self) -> ThreadedAsync:
         """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a lock."""
