@@ -8,6 +8,7 @@ Cluster hash slots, a wrong key type, and Redis 6.2.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -234,10 +235,11 @@ def test_the_server_clock_decides_without_an_injected_clock(
 # -- errors ---------------------------------------------------------------------------------
 
 
+# (A meta string this version cannot read is repaired instead: tests/test_partial_state.py.)
 @pytest.mark.parametrize(
     ("which", "junk", "error"),
-    [(0, "string", "WRONGTYPE"), (1, "list", "WRONGTYPE"), (1, "string", "unreadable meta")],
-    ids=["log-as-string", "meta-as-list", "meta-unreadable"],
+    [(0, "string", "WRONGTYPE"), (1, "list", "WRONGTYPE"), (1, "hash", "WRONGTYPE")],
+    ids=["log-as-string", "meta-as-list", "meta-as-hash"],
 )
 def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
     backend: RedisBackend, client: redis.Redis, which: int, junk: str, error: str
@@ -246,6 +248,8 @@ def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
     key = store_keys(limiter._key(TOKEN))[which]
     if junk == "string":
         client.set(key, "not a log")
+    elif junk == "hash":
+        client.hset(key, "not", "a meta")
     else:
         client.rpush(key, "not a log")
     before = client.dump(key)
@@ -355,4 +359,27 @@ def test_each_redis_version_with_its_own_time(each_redis: RedisServer) -> None:
     assert limiter.try_acquire(TOKEN)
     assert 55 < limiter.try_acquire(TOKEN).retry_after <= 60
     assert all(client.pttl(key) > 0 for key in keys_of(client))
+    client.close()
+
+
+def test_each_redis_version_repairs_partial_state(
+    each_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The repairs of tests/test_partial_state.py on each version (KEEPTTL: Redis >= 6.0)."""
+    client = redis.Redis.from_url(each_redis.url)
+    client.flushall()
+    clock = FakeClock()
+    backend = RedisBackend(client)
+    limiter = Limiter(backend, rates=["2/second"], clock=clock, sleep=clock.sleep)
+    limiter.acquire(TOKEN)
+    limiter.acquire(TOKEN)
+    log, meta = store_keys(limiter._key(TOKEN))
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        client.delete(log)
+        assert us(limiter.acquire(TOKEN).waited) == US  # the lost two, at the last slot
+        client.delete(meta)
+        assert limiter.try_acquire(TOKEN)  # rebuilt from the log: one in (0, 1]
+        assert us(limiter.try_acquire(TOKEN).retry_after) == US
+    assert len([r for r in caplog.records if "repaired" in r.getMessage()]) == 1
+    assert abs(client.pttl(meta) - client.pttl(log)) <= 2  # one TTL for both parts
     client.close()

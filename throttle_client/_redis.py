@@ -24,6 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._errors import BackendError, BackendUnavailable, ConfigurationError
+from ._log import RepairNotice
 from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 
 T = TypeVar("T")
@@ -98,8 +99,24 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     return keys, (b"inspect", policy, now)
 
 
-def decode(op: Op[T], reply: Any) -> T:
-    values = [int(word) for word in reply.split()]
+# The word that leads a reply when the script rebuilt a lost part of the key (bytes, or
+# str from a client made with decode_responses=True), and which part it was.
+_REPAIRED: dict[bytes | str, str] = {
+    b"repaired:log": "log",
+    b"repaired:meta": "meta",
+    "repaired:log": "log",
+    "repaired:meta": "meta",
+}
+
+
+def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
+    words = reply.split()
+    part = _REPAIRED.get(words[0])
+    if part is not None:
+        del words[0]
+        if notice is not None:
+            notice(op.key, part)
+    values = [int(word) for word in words]
     if isinstance(op, Acquire):
         allowed, now, slot, pause, *remaining = values
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
@@ -154,6 +171,7 @@ class RedisBackend:
         elif not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
         self.client = client
+        self._repairs = RepairNotice()
 
     def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
@@ -168,7 +186,7 @@ class RedisBackend:
                     self.client.script_load(SCRIPT)
         except rx.RedisError as exc:
             raise translate(exc) from exc
-        return decode(op, reply)
+        return decode(op, reply, self._repairs)
 
     def close(self) -> None:
         self.client.close()
@@ -194,6 +212,7 @@ class AsyncRedisBackend:
                 f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
             )
         self.client = client
+        self._repairs = RepairNotice()
 
     async def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
@@ -208,7 +227,7 @@ class AsyncRedisBackend:
                     await self.client.script_load(SCRIPT)
         except rx.RedisError as exc:
             raise translate(exc) from exc
-        return decode(op, reply)
+        return decode(op, reply, self._repairs)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,6 +1,6 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The algorithm is _log.py's (see that module for the reasoning); the storage is
--- shaped so that an admission costs four redis.call()s: TIME, GET, ZADD, SET.
+-- shaped so that an admission costs five redis.call()s: TIME, GET, ZSCORE, ZADD, SET.
 --
 -- KEYS[1] L, the log: one zset holding each admitted call twice,
 --            "s" .. running total (zero-padded) with score = slot (µs, >= 0), and
@@ -9,7 +9,7 @@
 --         the running total reaches y" with one lookup each, and one ZADD NX books
 --         a call and refuses a second booking of the same call id.
 -- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp) (µs and
---            costs; -1 for no entry); its TTL is set with every write of it.
+--            costs; -1 for no entry). L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
 -- ARGV[1] the operation: acquire | inspect | pause | reset
@@ -24,9 +24,13 @@
 --
 -- `first` (the oldest logged slot) lets a window that starts before it skip its
 -- lookup; trimming runs in batches, once that entry is a tenth of the longest
--- period past the longest window; L's TTL is renewed only when the horizon
+-- period past the longest window; the TTLs are renewed only when the horizon
 -- passes `exp`. Numbers travel as integers formatted with %d: Lua's own conversion
 -- of a number would give 1.7e+15 for a timestamp in µs.
+--
+-- A part of the key that is lost (L or M) or unreadable (M) is rebuilt, conservatively,
+-- by whichever call finds it so (see "Partial state" below); that call's reply is led
+-- by the word "repaired:log" or "repaired:meta", so that the client can say so.
 
 if redis.replicate_commands then
   redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
@@ -46,8 +50,11 @@ local function whole(value, low)
   if x and x % 1 == 0 and x >= low and x < 9007199254740992 then return x end
 end
 
+local repaired -- the part of the key this call rebuilt: 'log' or 'meta' (or nil)
+
 local function reply(values) -- integers, formatted with %d: never 1.7e+15
   for i = 1, #values do values[i] = format('%d', values[i]) end
+  if repaired then return 'repaired:' .. repaired .. ' ' .. table.concat(values, ' ') end
   return table.concat(values, ' ')
 end
 
@@ -70,32 +77,83 @@ local ok, policy = pcall(cmsgpack.unpack, ARGV[2] or '')
 if not ok or type(policy) ~= 'table' then return fail('bad policy') end
 local gap, nrates = whole(policy[1], 0), (#policy - 1) / 2
 if not gap or nrates < 1 or nrates % 1 ~= 0 then return fail('bad policy') end
-local limits, periods, longest = {}, {}, 0
+local limits, periods, longest, smallest = {}, {}, 0, math.huge
 for i = 1, nrates do
   local limit, period = whole(policy[2 * i], 1), whole(policy[2 * i + 1], 1)
   if not limit or not period then return fail('bad rate #' .. i) end
   limits[i], periods[i] = limit, period
   if period > longest then longest = period end
+  if limit < smallest then smallest = limit end
 end
 local horizon = math.max(longest, gap)
 local slack = math.max(math.floor(horizon / 10), 1000000) -- TTL and trimming batch, µs
 
 local last, total, base, pause, first, expires = -1, 0, 0, 0, -1, 0
-local state = redis.call('GET', meta)
-if not state then
-  -- No meta: a new key, or one that expired. The log expires with the meta, but
-  -- may outlive it by a millisecond: its entries would clash with the new totals.
-  -- (Emptied, not deleted: a key of the wrong type stays, and stays an error.)
-  if op ~= 'inspect' then redis.call('ZREMRANGEBYRANK', log, 0, -1) end
-else
-  local ok, tag, a, b, c, d, e, f = pcall(cmsgpack.unpack, state)
-  if not ok or tag ~= 'tc1' or type(f) ~= 'number' then return fail('unreadable meta') end
-  last, total, base, pause, first, expires = a, b, c, d, e, f
-end
 
 local function entry(cum) -- the "s" member of the entry whose running total is cum
   return format('s%015d', cum)
 end
+
+-- Write M. When what still matters (`needed`) reaches past `expires`, L and M get one new
+-- TTL together; otherwise M keeps the TTL it has (KEEPTTL). So the two parts always
+-- expire together: a TTL computed from one worker's clock and written to M alone could
+-- outlive L's (two injected clocks 10 s apart left M 10 s longer than L).
+local function save(needed, renew)
+  if not renew and needed <= expires then
+    redis.call('SET', meta, cmsgpack.pack('tc1', last, total, base, pause, first, expires), 'KEEPTTL')
+    return
+  end
+  expires = needed + slack
+  local ttl = format('%d', math.ceil((expires - now) / 1000))
+  redis.call('PEXPIRE', log, ttl)
+  redis.call('SET', meta, cmsgpack.pack('tc1', last, total, base, pause, first, expires), 'PX', ttl)
+end
+
+-- Partial state. L and M expire together, but either can be lost alone (maxmemory
+-- eviction, a DEL, keys written by an older version) and M can hold bytes this script
+-- cannot read. Whatever is missing is rebuilt here, in this atomic step, so that the
+-- slot arithmetic never admits a call the lost state would have refused. A key of the
+-- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
+local state = redis.call('GET', meta)
+if state then
+  local ok, tag, a, b, c, d, e, f = pcall(cmsgpack.unpack, state)
+  if ok and tag == 'tc1' and type(a) == 'number' and type(b) == 'number' and type(c) == 'number'
+      and type(d) == 'number' and type(e) == 'number' and type(f) == 'number' then
+    last, total, base, pause, first, expires = a, b, c, d, e, f
+  else
+    state, repaired = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
+  end
+end
+if state then
+  -- L lost, M kept: M says entries exist, and its newest one ("s" .. total) always does.
+  -- Nothing tells when the lost units were admitted, so all of them are put at the
+  -- newest slot: a rate that they fill waits until that slot + its period. A stall of at
+  -- most one period after the last slot, never over-use.
+  if first >= 0 and not redis.call('ZSCORE', log, entry(total)) then
+    if total > base and last + horizon > now then
+      redis.call('ZADD', log, format('%d', last), entry(total), format('%d', -total), 'c:repaired')
+      first, repaired = last, 'log'
+    else -- no window reaches the lost entries any more: no loss, an empty log
+      first, base = -1, total
+    end
+  end
+else
+  -- No readable M: a new key, or M lost. If L still holds an entry that matters, M is
+  -- rebuilt from it: last and total from the newest entry, first from the oldest, and
+  -- base from the oldest's running total less the smallest limit (that entry cost no
+  -- more than that: this counts too much, never too little). A pause in force is lost.
+  local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+  if newest[1] and tonumber(newest[2]) + horizon > now then
+    local oldest = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    last, total = tonumber(newest[2]), tonumber(string.sub(newest[1], 2))
+    first = tonumber(oldest[2])
+    base = math.max(0, tonumber(string.sub(oldest[1], 2)) - smallest)
+    repaired = 'meta'
+  else -- nothing in L can matter any more (or there is no L): a fresh start
+    redis.call('ZREMRANGEBYRANK', log, 0, -1)
+  end
+end
+if repaired then save(math.max(now, last, pause) + horizon, true) end
 
 local function time_at_cum(target)
   local hit = redis.call('ZREVRANGEBYSCORE', log, format('%d', -target), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -135,17 +193,6 @@ end
 local function booked(id) -- the slot an earlier attempt of this call booked, if any
   local cum = redis.call('ZSCORE', log, 'c' .. id)
   return cum and tonumber(redis.call('ZSCORE', log, entry(-cum)))
-end
-
--- Write M, with a TTL reaching past everything that still matters (`needed`); renew
--- L's TTL too when that passes the one it was given (or L was just created).
-local function save(needed, fresh)
-  if fresh or needed > expires then
-    expires = needed + slack
-    redis.call('PEXPIRE', log, format('%d', math.ceil((expires - now) / 1000)))
-  end
-  redis.call('SET', meta, cmsgpack.pack('tc1', last, total, base, pause, first, expires),
-    'PX', format('%d', math.ceil((expires - now) / 1000)))
 end
 
 if op == 'acquire' then

@@ -1,0 +1,373 @@
+"""Partial or foreign state heals, never wedges a key (issue #8 §3).
+
+A key lives in two parts: its entries (Redis: the log zset; SQLite: tc_entries rows)
+and their summary (Redis: the meta string; SQLite: the tc_meta row). Either can be
+lost alone (maxmemory eviction, a DEL, a hand in the SQLite file) or be unreadable.
+Whatever is left, the next call repairs the key in its own atomic step, says so in one
+warning, and never admits a call that the lost state would have refused: every test
+runs the store beside the naive reference model (tests/model.py), which saw every
+call and lost nothing, and holds each slot the store hands out to be no earlier than
+the one the reference allows. Slots, not wall-clock time, are judged throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import redis
+import redis.cluster
+
+from tests.model import Model
+from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
+    Limiter,
+    Rate,
+    RedisBackend,
+    SQLiteBackend,
+)
+from throttle_client._redis import store_keys
+from throttle_client.testing import FakeClock
+
+TOKEN = "EAAB-very-secret-access-token-5f3c"
+US = 1_000_000
+# Times are multiples of 1/8 s from a whole second, exact in a float, so the slots in
+# seconds and the model's microseconds agree to the microsecond.
+RATES = [Rate(4, 1), Rate(10, 10)]
+GAP = 0.125
+
+
+def us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+# -- the stores, and hands that break a key from outside --------------------------------------
+
+
+class RedisStore:
+    def __init__(self, url: str, *, cluster: bool) -> None:
+        factory = redis.cluster.RedisCluster if cluster else redis.Redis
+        self.client: Any = factory.from_url(url)
+        self.backend = RedisBackend(url, cluster=cluster)
+        self.kind = "cluster" if cluster else "redis"
+
+    def part(self, key: str, part: str) -> bytes:
+        log, meta = store_keys(key)
+        return log if part == "log" else meta
+
+    def drop(self, key: str, part: str) -> None:
+        assert self.client.delete(self.part(key, part)) == 1
+
+    def spoil_meta(self, key: str) -> None:
+        assert self.client.set(self.part(key, "meta"), b"\xc1 not what this version writes")
+
+    def close(self) -> None:
+        self.backend.close()
+        self.client.close()
+
+
+class SQLiteStore:
+    TABLES: ClassVar[dict[str, str]] = {"log": "tc_entries", "meta": "tc_meta"}
+
+    def __init__(self, path: Path) -> None:
+        self.backend = SQLiteBackend(path)
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.kind = "sqlite"
+
+    def drop(self, key: str, part: str) -> None:
+        deleted = self.db.execute(f"DELETE FROM {self.TABLES[part]} WHERE key = ?", (key,))
+        assert deleted.rowcount >= 1
+
+    def spoil_meta(self, key: str) -> None:
+        spoiled = self.db.execute("UPDATE tc_meta SET total = 'garbage' WHERE key = ?", (key,))
+        assert spoiled.rowcount == 1
+
+    def close(self) -> None:
+        self.backend.close()
+        self.db.close()
+
+
+Store = RedisStore | SQLiteStore
+
+
+def redis_store(request: pytest.FixtureRequest, *, cluster: bool) -> RedisStore:
+    url = request.getfixturevalue("cluster_url" if cluster else "redis_url")
+    return RedisStore(url, cluster=cluster)
+
+
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.cluster), "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "sqlite":
+        made = SQLiteStore(tmp_path / "limits.db")
+    else:
+        made = redis_store(request, cluster=request.param == "cluster")
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def repairs(caplog: pytest.LogCaptureFixture) -> Callable[[int], list[str]]:
+    """The repair messages logged so far at ``level``."""
+    caplog.set_level(logging.DEBUG, logger="throttle_client")
+
+    def logged(level: int) -> list[str]:
+        ours = [r for r in caplog.records if r.name == "throttle_client" and r.levelno == level]
+        return [r.getMessage() for r in ours if "repaired" in r.getMessage()]
+
+    return logged
+
+
+# -- the store beside the reference --------------------------------------------------------
+
+
+class Run:
+    """A limiter on one key and the reference model, fed the same calls at the same times.
+
+    Until a part is lost the two must agree exactly; after it, the store may only be
+    more careful: each slot no earlier than the reference's."""
+
+    def __init__(self, backend: Any, rates: list[Rate] = RATES, gap: float = GAP) -> None:
+        self.clock = FakeClock()
+        self.limiter = Limiter(
+            backend, rates=rates, min_interval=gap, clock=self.clock, sleep=self.clock.sleep
+        )
+        self.key = self.limiter._key(TOKEN)
+        self.model = Model([(r.limit, us(r.period)) for r in rates], us(gap))
+        self.exact = True
+        self.booked: list[int] = []
+
+    def lose(self, store: Store, *parts: str) -> None:
+        for part in parts:
+            store.drop(self.key, part)
+        self.exact = False
+
+    def acquire(self, cost: int = 1) -> int:
+        reference = self.model.earliest_slot("k", us(self.clock()), cost)
+        slot = us(self.limiter.acquire(TOKEN, cost).slot)
+        assert slot == reference if self.exact else slot >= reference, (slot, reference)
+        self.model._log("k").entries.append((slot, cost))
+        self.booked.append(slot)
+        return slot
+
+    def acquire_many(self, n: int) -> None:
+        for _ in range(n):
+            self.acquire()
+
+    def windows_hold(self) -> None:
+        """By slot: every window of every rate within its limit, every gap kept."""
+        entries = self.model._log("k").entries
+        for limit, period in self.model.rates:
+            for end, _ in entries:
+                assert sum(c for t, c in entries if end - period < t <= end) <= limit
+        slots = sorted(t for t, _ in entries)
+        assert all(b - a >= self.model.min_interval for a, b in pairwise(slots))
+
+
+# -- each part lost ----------------------------------------------------------------------------
+
+
+def test_a_lost_log_never_wedges_the_key(store: Store, repairs: Callable[[int], list[str]]) -> None:
+    """The issue's case: 5000/hour, the window full, the log gone and the meta kept.
+    Before the repair every call failed with 'user_script:102: attempt to perform
+    arithmetic on field '?'' for the meta's TTL (SQLite: a TypeError); now the lost
+    units all count at the newest slot, so the next call waits one period from it."""
+    run = Run(store.backend, rates=[Rate(5000, 3600)], gap=60)
+    for _ in range(5):
+        run.acquire(cost=1000)  # 5000 units, one a minute: the hour is full
+    last = run.booked[-1]
+    run.lose(store, "log")
+    decision = run.limiter.try_acquire(TOKEN)
+    assert not decision.allowed
+    # The reference frees a unit when the first call leaves the hour; the repaired key,
+    # which no longer knows when its units came, waits until the last one has left.
+    assert us(decision.slot) == last + 3600 * US > run.booked[0] + 3600 * US
+    assert run.acquire() == last + 3600 * US
+    run.acquire_many(5)
+    run.windows_hold()
+    assert len(repairs(logging.WARNING)) == 1
+
+
+@pytest.mark.parametrize("first", ["acquire", "try_acquire", "usage", "pause"])
+def test_a_lost_log_is_rebuilt_by_whichever_call_comes_first(
+    store: Store, repairs: Callable[[int], list[str]], first: str
+) -> None:
+    run = Run(store.backend)
+    run.acquire_many(12)
+    run.lose(store, "log")
+    if first == "acquire":
+        run.acquire()
+    elif first == "try_acquire":
+        assert not run.limiter.try_acquire(TOKEN)  # 10 in 10 s: full
+    elif first == "usage":
+        usage = run.limiter.usage(TOKEN)
+        assert usage.rates[1].remaining == 0
+    else:
+        run.limiter.pause(TOKEN, 0.5)
+        run.model.pause("k", us(run.clock()), us(0.5))
+    run.acquire_many(15)
+    run.windows_hold()
+    [warning] = repairs(logging.WARNING)
+    assert run.key in warning and "log was lost" in warning and TOKEN not in warning
+
+
+def test_a_lost_meta_is_rebuilt_from_the_log(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    run = Run(store.backend)
+    run.acquire_many(30)  # over 20 s of slots: the oldest entries are trimmed already
+    run.lose(store, "meta")
+    run.acquire_many(15)
+    run.windows_hold()
+    [warning] = repairs(logging.WARNING)
+    assert run.key in warning and "meta was lost or unreadable" in warning
+
+
+def test_an_unreadable_meta_is_rebuilt_from_the_log(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    run = Run(store.backend)
+    run.acquire_many(12)
+    store.spoil_meta(run.key)
+    run.exact = False
+    run.acquire_many(15)
+    run.windows_hold()
+    assert len(repairs(logging.WARNING)) == 1
+
+
+def test_an_unreadable_meta_without_a_log_is_replaced(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    """With no entries left, what remains is a new key (as when both parts are lost)."""
+    run = Run(store.backend)
+    run.acquire_many(6)
+    run.lose(store, "log")  # a warning: the meta said entries exist
+    run.acquire()
+    run.lose(store, "log")
+    store.spoil_meta(run.key)
+    run.model.reset("k")
+    run.exact = True
+    run.acquire_many(6)
+    assert len(repairs(logging.WARNING)) == 1  # the second repair is only DEBUG
+    assert ["meta was lost" in m for m in repairs(logging.DEBUG)] == [True]
+
+
+def test_both_parts_lost_is_a_new_key(store: Store, repairs: Callable[[int], list[str]]) -> None:
+    """Nothing is left to tell the loss from a key never seen: it starts afresh (the
+    cost the README states), and there is nothing to warn about."""
+    run = Run(store.backend)
+    run.acquire_many(12)
+    run.lose(store, "log", "meta")
+    run.model.reset("k")
+    run.exact = True  # exactly a new key
+    run.acquire_many(12)
+    assert repairs(logging.WARNING) == []
+
+
+@pytest.mark.parametrize("part", ["log", "meta"])
+def test_a_part_lost_after_its_time_is_no_loss(
+    store: Store, repairs: Callable[[int], list[str]], part: str
+) -> None:
+    """Entries that no window reaches any more matter to no decision: losing them (or
+    their meta) is only an early expiry, answered exactly, without a warning."""
+    run = Run(store.backend)
+    run.acquire_many(12)
+    run.clock.advance(10.5)  # past the longest period after the last slot
+    store.drop(run.key, part)
+    run.acquire_many(12)  # run.exact still holds: the same slots as the reference
+    assert repairs(logging.WARNING) == []
+
+
+def test_repeated_repairs_warn_once_per_backend(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    run = Run(store.backend)
+    for part in ("log", "meta", "log"):
+        run.acquire_many(6)
+        run.lose(store, part)
+    run.acquire_many(6)
+    run.windows_hold()
+    assert len(repairs(logging.WARNING)) == 1
+    assert len(repairs(logging.DEBUG)) == 2
+
+
+# -- Redis: expiry of one part, and two clocks -------------------------------------------------
+
+
+@pytest.fixture(params=["log", "meta"])
+def expiring(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def gone(client: Any, key: bytes) -> bool:
+    """Waits (up to 10 s of real time) for ``key`` to expire."""
+    deadline = time.monotonic() + 10
+    while client.exists(key) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not client.exists(key)
+
+
+@pytest.mark.parametrize("cluster", [False, pytest.param(True, marks=pytest.mark.cluster)])
+def test_one_part_expiring_alone_is_repaired(
+    request: pytest.FixtureRequest,
+    expiring: str,
+    cluster: bool,
+    repairs: Callable[[int], list[str]],
+) -> None:
+    store = redis_store(request, cluster=cluster)
+    run = Run(store.backend)
+    run.acquire_many(12)
+    key = store.part(run.key, expiring)
+    store.client.pexpire(key, 1)  # what a maxmemory policy or an older version could leave
+    assert gone(store.client, key)
+    run.exact = False
+    run.acquire_many(12)
+    run.windows_hold()
+    assert len(repairs(logging.WARNING)) == 1
+    store.close()
+
+
+def test_two_clocks_apart_never_let_the_log_expire_first(redis_url: str) -> None:
+    """Two workers whose injected clocks differ by 10 s wrote one key: the meta used to
+    get a TTL 10 s longer than the log's, so the log expired first and the key failed
+    for those 10 s. Both parts now take their TTL together."""
+    store = RedisStore(redis_url, cluster=False)
+    ahead, behind = FakeClock(1_700_000_010.0), FakeClock(1_700_000_000.0)
+    limiters = [
+        Limiter(store.backend, rates=["5/0.05 seconds"], clock=clock, sleep=clock.sleep)
+        for clock in (ahead, behind)
+    ]
+    log, meta = store_keys(limiters[0]._key(TOKEN))
+    for limiter in limiters:
+        limiter.acquire(TOKEN)  # the one behind books after the other: it waits 10 s
+    assert behind.slept == [10.0]
+    log_ttl = store.client.pttl(log)
+    meta_ttl = store.client.pttl(meta)  # read later, so it may only be lower
+    assert log_ttl > 0 and meta_ttl <= log_ttl + 2  # one millisecond of rounding on Redis 6.2
+    store.close()
+
+
+async def test_a_lost_log_is_repaired_for_the_async_client(
+    redis_url: str, repairs: Callable[[int], list[str]]
+) -> None:
+    store = RedisStore(redis_url, cluster=False)
+    run = Run(store.backend)  # fills the key through a sync limiter
+    run.acquire_many(10)
+    store.drop(run.key, "log")
+    backend = AsyncRedisBackend(redis_url)
+    clock = run.clock
+    limiter = AsyncLimiter(backend, rates=RATES, min_interval=GAP, clock=clock, sleep=clock.asleep)
+    slot = us((await limiter.acquire(TOKEN)).slot)
+    await backend.aclose()
+    store.close()
+    # 10 in 10 s, all now counted at the last slot: the reference would allow the first
+    # slot + 10 s, the repaired key the last slot + 10 s.
+    assert slot == run.booked[-1] + 10 * US > run.booked[0] + 10 * US
+    assert len(repairs(logging.WARNING)) == 1
