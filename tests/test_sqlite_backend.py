@@ -10,8 +10,12 @@ import itertools
 import multiprocessing
 import os
 import pickle
+import shutil
 import sqlite3
+import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 
 from throttle_client import (
     AsyncLimiter,
+    BackendError,
     BackendUnavailable,
     ConfigurationError,
     Limiter,
@@ -201,10 +206,87 @@ async def test_async_limiter_runs_it_in_threads(tmp_path: Path) -> None:
     assert (await limiter.acquire(TOKEN)).waited == 1.0
 
 
-def test_unusable_path_is_one_clear_error(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-dir" / "l.db"
-    with pytest.raises(BackendUnavailable, match="no-such-dir"):
-        SQLiteBackend(missing)
+# -- paths it cannot use: misconfiguration, never an outage (issue #8 §5) ----------------------
+
+
+@contextmanager
+def unwritable(path: Path) -> Iterator[None]:
+    """``path``, an existing file, made one this process truly cannot write: for root a
+    file mode is no barrier, so as root the file is made immutable (chattr +i)."""
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0):
+        path.chmod(0o444)
+        try:
+            yield
+        finally:
+            path.chmod(0o644)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", path], capture_output=True).returncode:
+        pytest.skip("root cannot make a file read-only here: no chattr +i on this filesystem")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", path], check=True)
+
+
+@contextmanager
+def made_unusable(path: Path, how: str) -> Iterator[None]:
+    """Turns ``path`` (a database file in a directory of its own) into one SQLite
+    cannot write, in one of the ways a deployment gets it wrong."""
+    if how == "read-only":
+        SQLiteBackend(path).close()
+        with unwritable(path):
+            yield
+        return
+    shutil.rmtree(path.parent, ignore_errors=True)
+    if how == "a directory":
+        path.mkdir(parents=True)
+    elif how == "under a file":
+        path.parent.write_text("a file, not a directory")
+    yield
+
+
+UNUSABLE = ["missing directory", "a directory", "under a file", "read-only"]
+
+
+@pytest.mark.parametrize("how", UNUSABLE)
+def test_a_path_it_cannot_write_is_refused_when_built(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "store" / "l.db"
+    path.parent.mkdir()
+    with made_unusable(path, how), pytest.raises(BackendError) as raised:
+        SQLiteBackend(path)
+    assert not isinstance(raised.value, BackendUnavailable)  # waiting will not mend it
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("how", UNUSABLE)
+def test_a_path_that_becomes_unusable_is_never_failed_open(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "store" / "l.db"
+    path.parent.mkdir()
+    backend = SQLiteBackend(path)
+    limiter = Limiter(backend, rates=["5/second"], on_unavailable="allow", retry_for=0)
+    assert limiter.try_acquire(TOKEN)
+    backend.close()  # the next operation opens the file again, as a new process would
+    with made_unusable(path, how):
+        for call in (limiter.try_acquire, limiter.acquire, limiter.usage):
+            with pytest.raises(BackendError) as raised:
+                call(TOKEN)
+            assert not isinstance(raised.value, BackendUnavailable)
+            assert str(path) in str(raised.value) and TOKEN not in str(raised.value)
+
+
+def test_a_full_disk_is_an_outage(tmp_path: Path) -> None:
+    """SQLITE_FULL passes without a change of configuration (space is freed, logs
+    rotate): the failure policy applies, as for a lock held past the busy timeout."""
+    backend = SQLiteBackend(tmp_path / "l.db")
+    limiter = Limiter(backend, rates=["1000/second"], retry_for=0)
+    db = backend._connection().db
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")  # this connection's file is now "full"
+    with pytest.raises(BackendUnavailable, match="full") as raised:
+        for n in range(1000):  # each new key needs room, soon a new page
+            limiter.try_acquire(f"key-{n}")
+    assert isinstance(raised.value.__cause__, sqlite3.OperationalError)
 
 
 @pytest.mark.parametrize("path", [":memory:", "", "file:x?mode=memory"])

@@ -308,6 +308,9 @@ class SQLiteBackend:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                # Tables that exist already are not written to above: this write of
+                # nothing fails on a file this process cannot write.
+                db.execute("DELETE FROM tc_meta WHERE 0")
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         conn = _Connection(db)
@@ -404,8 +407,26 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     db.executemany(_FORGET_META, keys)
 
 
+# Errors that pass without anyone changing anything, so the failure policy applies:
+# SQLITE_BUSY and SQLITE_LOCKED (another process held the lock past the busy timeout),
+# SQLITE_IOERR (a failing or remote disk that may recover) and SQLITE_FULL (a full disk
+# fills and empties on its own: logs rotate, temporary files go; it is an outage of the
+# store, as an unreachable Redis is). Everything else -- a read-only file, a missing
+# directory, a path that is a directory, a file that is not a database -- stays as it
+# is until someone fixes the configuration: a BackendError, never failed open.
+_TRANSIENT_CODES = {5, 6, 10, 13}  # primary result codes: BUSY, LOCKED, IOERR, FULL
+# Python 3.10 gives no result code: the primary codes' messages, as sqlite3_errstr has them.
+_TRANSIENT_MESSAGES = ("database is locked", "table is locked", "disk I/O error", "is full")
+
+
+def _transient(exc: sqlite3.Error) -> bool:
+    code: int | None = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in _TRANSIENT_CODES
+    return any(message in str(exc) for message in _TRANSIENT_MESSAGES)
+
+
 def _translate(exc: sqlite3.Error, path: Path) -> BackendError:
-    if isinstance(exc, sqlite3.OperationalError):
-        # Locked past the busy timeout, unreadable file, missing directory, full disk.
+    if _transient(exc):
         return BackendUnavailable(f"SQLite store {str(path)!r} is unavailable: {exc}")
-    return BackendError(f"SQLite store {str(path)!r} answered with an error: {exc}")
+    return BackendError(f"SQLite store {str(path)!r} cannot be used: {exc}")
