@@ -195,6 +195,7 @@ class Agreement(RuleBasedStateMachine):
             usage = limiter.usage(key)
             got = (
                 tuple(r.used for r in usage.rates),
+                {r.booked for r in usage.rates},
                 tuple(r.remaining for r in usage.rates),
                 tuple(to_us(r.resets_in) for r in usage.rates),
                 to_us(usage.next_slot_in),
@@ -202,6 +203,7 @@ class Agreement(RuleBasedStateMachine):
             )
             want = (
                 expected.used,
+                {expected.booked},
                 expected.remaining,
                 expected.resets_in,
                 expected.next_slot_in,
@@ -237,4 +239,6 @@ def test_model_follows_the_design_on_a_worked_example() -> None:
     assert model.acquire("k", 100_000, max_wait=0).slot == 1_000_000
     assert model.acquire("k", 100_000).slot == 1_000_000
     assert model.acquire("k", 100_000, max_wait=0).slot == 10_000_000
-    assert model.usage("k", 100_000).used == (3, 3)  # the booked slot counts as used
+    usage = model.usage("k", 100_000)
+    assert (usage.used, usage.booked) == ((2, 2), 1)  # the slot at 1 s is booked, not used
+    assert usage.remaining == (0, 0) and usage.resets_in == (1_000_000, 9_900_000)

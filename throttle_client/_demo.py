@@ -491,7 +491,8 @@ def describe_quota(config: DemoConfig) -> str:
 
 def live_view(run: DemoRun) -> Any:
     """A rich renderable of the run so far: per token, what was sent, admitted, refused,
-    who is waiting, and the quota in use as the store sees it."""
+    who is waiting, and the quota as the store sees it: used (slots up to now, never
+    over the limit) and booked (slots ahead, held by the waiting crawlers)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -501,7 +502,7 @@ def live_view(run: DemoRun) -> Any:
         title=f"{config.workers} crawler processes sharing {describe_quota(config)}",
         title_justify="left",
     )
-    for name in ("token", "sent", "admitted", "429s", "waiting"):
+    for name in ("token", "sent", "admitted", "429s", "waiting", "booked"):
         table.add_column(name, justify="left" if name == "token" else "right")
     for rate in config.rates:
         table.add_column(f"used of {rate}", justify="right")
@@ -515,6 +516,7 @@ def live_view(run: DemoRun) -> Any:
             str(ok),
             Text(str(refused), style="bold red" if refused else "green"),
             str(waiting),
+            str(usage.rates[0].booked),
             *(f"{r.used}/{r.rate.limit}" for r in usage.rates),
             f"{usage.next_slot_in:.3f} s",
         )

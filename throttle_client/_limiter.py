@@ -165,10 +165,11 @@ class _LimiterCore:
                 RateUsage(
                     rate=rate,
                     used=used,
-                    remaining=max(0, rate.limit - used),
-                    resets_in=_seconds(max(0, frees - now)) if frees else 0.0,
+                    booked=snap.booked,
+                    remaining=max(0, rate.limit - used - snap.booked),
+                    resets_in=_seconds(max(0, ready - now)),
                 )
-                for rate, used, frees in zip(self.rates, snap.used, snap.frees_at_us, strict=True)
+                for rate, used, ready in zip(self.rates, snap.used, snap.ready_at_us, strict=True)
             ),
             next_slot_in=_seconds(max(0, snap.next_slot_us - now)),
             paused_for=_seconds(max(0, snap.pause_until_us - now)),

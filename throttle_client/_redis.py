@@ -105,8 +105,9 @@ def decode(op: Op[T], reply: Any) -> T:
         allowed, now, slot, pause, *remaining = values
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
     if isinstance(op, Inspect):
-        now, next_slot, pause, *per_rate = values
-        return cast(T, Snapshot(now, next_slot, pause, tuple(per_rate[::2]), tuple(per_rate[1::2])))
+        now, next_slot, pause, booked, *per_rate = values
+        used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
+        return cast(T, Snapshot(now, next_slot, pause, booked, used, ready))
     if isinstance(op, Pause):
         return cast(T, values[0])
     return cast(T, None)
