@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -15,10 +16,11 @@ import pytest
 from rich.console import Console
 
 from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend, _demo
-from throttle_client._cli import main
+from throttle_client._cli import build_parser, main
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_cli_test_token_5c1d9e"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
@@ -65,6 +67,18 @@ def test_demo_on_redis(redis_url: str) -> None:
     summary = json.loads(result.stdout)
     assert summary["store"] == "redis" and summary["tokens"] == 3
     check_demo_summary(summary)
+
+
+def test_the_demo_books_no_slot_after_its_duration() -> None:
+    """Two crawlers of one token at 1/second for 0.5 s: the second would book the slot at
+    1 s and the first then 2 s, stretching the run to 2 s; now neither books past 0.5 s."""
+    result = cli("demo", "--duration", "0.5", "--rate", "1/s", "--rate", "2/s",
+                 "--workers", "2", "--tokens", "1", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    (token,) = summary["per_token"]
+    # One slot, or two if one crawler woke from the start barrier 0.5 s after the other.
+    assert 1 <= token["admitted"] <= 2 and token["span"] <= 1.0
 
 
 def test_the_live_view_shows_used_apart_from_booked() -> None:
@@ -189,3 +203,31 @@ def test_status_tells_used_from_booked(tmp_path: Path) -> None:
     assert 120 < rate["resets_in"] <= 180  # once the ten at two minutes are the last in
     text = cli("status", "--sqlite", str(path), "--rate", "10/minute", TOKEN).stdout
     assert "used 10, booked 20, remaining 0, a call can go in 1" in text
+
+
+def test_the_readme_synopsis_says_which_options_are_required() -> None:
+    """An option the README shows in [brackets] is optional; any other is required, on
+    its own or as one of a required group such as (--redis URL | --sqlite PATH)."""
+    block = re.search(r"### The command\n\n```bash\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    commands = next(
+        action.choices
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    for line in block[1].splitlines():
+        name = line.split()[1]
+        parser = commands[name]
+        depth, shown = 0, {}
+        for token in re.findall(r"\[|\]|--[a-z-]+", line):
+            if token in "[]":
+                depth += 1 if token == "[" else -1
+            else:
+                shown.setdefault(token, depth > 0)  # its first mention says
+        for option, optional in shown.items():
+            action = parser._option_string_actions[option]
+            required = action.required or any(
+                group.required and action in group._group_actions
+                for group in parser._mutually_exclusive_groups
+            )
+            assert required is not optional, f"README: {name} {option}"

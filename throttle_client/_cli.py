@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 required=True,
                 metavar="RATE",
-                help="the limiter's rates, repeatable, e.g. '5000/hour'",
+                help="the limiter's rates (required: the store does not keep them), "
+                "repeatable, e.g. '5000/hour'",
             )
             sub.add_argument(
                 "--min-interval",

@@ -25,6 +25,7 @@ keeps the exact quota; the slots are checked against it with no tolerance.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import queue
 import secrets
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from ._errors import ThrottleTimeout
 from ._limiter import Limiter
 from ._memory import MemoryBackend
 from ._ops import Backend
@@ -120,15 +122,21 @@ class _CrawlReport:
 
 
 class _WatchedLimiter(Limiter):
-    """A Limiter that also tells the parent who is waiting, and keeps the slots it got."""
+    """A Limiter that also tells the parent who is waiting, keeps the slots it got, and
+    books none after the crawl's end (``deadline``, in ``time.monotonic()`` seconds)."""
 
     counters: Any
     numbers: dict[str, int]
     slots: dict[int, list[float]]
+    deadline = math.inf
 
     def acquire(self, key: str, cost: int = 1, timeout: Any = None) -> Decision:
         if key not in self.numbers:
             return super().acquire(key, cost, timeout)  # a warm-up request
+        # A slot past the end would stretch the run: with 1/second, two crawlers of one
+        # token and --duration 0.5, the second would book 1 s, the first then 2 s.
+        left = max(0.0, self.deadline - time.monotonic())
+        timeout = left if timeout is None else min(timeout, left)
         base = self.numbers[key] * _FIELDS
         with self.counters.get_lock():
             self.counters[base + _WAITING] += 1
@@ -209,13 +217,15 @@ def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
                 while time.monotonic() < deadline:
                     page += 1
                     client.get("/items", params={"page": page}).read()
+            except ThrottleTimeout:
+                pass  # the next slot lies after the end: this crawler is done
             except Exception:
                 errors.append(traceback.format_exc())
             finally:
                 client.close()
 
         barrier.wait(timeout=120)
-        deadline = time.monotonic() + plan.duration
+        deadline = limiter.deadline = time.monotonic() + plan.duration
         threads = [
             threading.Thread(target=fetch, args=(client, deadline), daemon=True)
             for client in clients
