@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -539,6 +540,9 @@ def test_a_transport_needs_something_to_throttle_with():
         (lambda: RetryPolicy(max_attempts=2.5), "2.5"),  # type: ignore[arg-type]
         (lambda: RetryPolicy(max_pause=-1), "-1"),
         (lambda: RetryPolicy(backoff=float("nan")), "nan"),
+        # Above the limiter's longest pause: a 429 would end in its ConfigurationError.
+        (lambda: RetryPolicy(max_pause=1e10), "10000000000"),
+        (lambda: RetryPolicy(backoff=timedelta(days=4000)), "days=4000"),
         (lambda: Route(None, path="search"), "'search'"),  # type: ignore[arg-type]
         (lambda: Route(None, host="https://x.com"), "https://x.com"),  # type: ignore[arg-type]
         (
@@ -553,6 +557,10 @@ def test_bad_configuration_names_the_value(make, bad):
     with pytest.raises(ConfigurationError) as caught:
         make()
     assert bad in str(caught.value)
+
+
+def test_the_backoff_of_many_attempts_stays_capped():
+    assert RetryPolicy(max_attempts=5000, max_pause=60).fallback(2000) == 60
 
 
 def test_clients_take_the_usual_httpx_arguments():

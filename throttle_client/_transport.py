@@ -33,7 +33,7 @@ from tenacity import (
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
 from ._limiter import AsyncLimiter, Limiter
-from ._rate import to_seconds
+from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
 from ._results import Decision, Usage
 
@@ -136,14 +136,12 @@ class RetryPolicy:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {attempts!r}")
         for name in ("max_pause", "backoff"):
-            value = to_seconds(getattr(self, name), name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigurationError(f"{name} must be >= 0 seconds and finite, not {value!r}")
-            object.__setattr__(self, name, value)
+            # Within the limiter's range for a pause, or a 429 would end in its error.
+            object.__setattr__(self, name, bounded_seconds(getattr(self, name), name))
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
 
     def fallback(self, attempt: int) -> float:
-        return min(self.max_pause, self.backoff * 2.0 ** (attempt - 1))
+        return min(self.max_pause, self.backoff * 2.0 ** min(attempt - 1, 64))  # no overflow
 
 
 @dataclass(frozen=True)
