@@ -199,6 +199,31 @@ def test_the_furthest_slot_is_ten_years_ahead_on_every_store(make_limiter: Any) 
     assert (usage.used, usage.booked) == (1, 1)  # the refusals booked nothing
 
 
+def test_the_largest_values_work_alike_on_every_store(make_limiter: Any) -> None:
+    """Every bound at once, to the microsecond: nothing a store computes from them is
+    rounded (the Redis script counts in doubles, SQLite in 64-bit integers)."""
+    big = 2**40
+    limiter = make_limiter(
+        rates=[Rate(big, MAX_SECONDS), Rate(big, 1), *["1099511627776/3652.5 days"] * 14],
+        min_interval=TEN_YEARS,
+        clock=StillClock(),
+    )
+    assert limiter.try_acquire(TOKEN, big).remaining == (0,) * 16
+    refused = limiter.try_acquire(TOKEN)
+    assert refused.retry_after == MAX_SECONDS and refused.remaining == (0,) * 16
+    assert limiter.pause(TOKEN, TEN_YEARS) - refused.slot == 0  # as far as the gap
+    usage = limiter.usage(TOKEN)
+    assert [(r.used, r.booked, r.remaining) for r in usage.rates[:2]] == [(big, 0, 0)] * 2
+    assert [r.resets_in for r in usage.rates[:2]] == [MAX_SECONDS, 1.0]
+    assert usage.next_slot_in == usage.paused_for == MAX_SECONDS
+    booked = limiter.acquire(TOKEN, big - 1)
+    assert booked.waited == MAX_SECONDS and booked.remaining[:2] == (1, 1)
+    with pytest.raises(ThrottleTimeout) as refused_again:
+        limiter.acquire(TOKEN, big)
+    assert refused_again.value.retry_after == 2 * MAX_SECONDS
+    assert limiter.usage(TOKEN).rates[1].booked == big - 1
+
+
 def test_a_timeout_beyond_ten_years_is_no_limit(make_limiter: Any) -> None:
     clock = FakeClock()
     limiter = make_limiter(rates=["1/second"], clock=clock)
