@@ -7,7 +7,10 @@ one fail with a message saying how to get one; they never skip.
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -15,6 +18,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from hypothesis import configuration as hypothesis_configuration
 
 from throttle_client import (
     AsyncLimiter,
@@ -32,6 +36,20 @@ from throttle_client.testing import (
 )
 
 S = TypeVar("S", RedisServer, RedisClusterServers)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis keeps its files in ``.hypothesis/`` under the working directory unless
+    told otherwise: keep them in pytest's cache (a temporary directory without one), so
+    a test run leaves the checkout clean. HYPOTHESIS_STORAGE_DIRECTORY still wins."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    home = cache.mkdir("hypothesis") if cache is not None else None
+    if home is None:
+        user = os.getuid() if hasattr(os, "getuid") else "user"
+        home = Path(tempfile.gettempdir()) / f"throttle_client-hypothesis-{user}"
+    hypothesis_configuration.set_hypothesis_home_dir(home)
 
 
 def started(servers: S) -> S:

@@ -28,6 +28,7 @@ class Outcome:
 @dataclass(frozen=True)
 class ModelUsage:
     used: tuple[int, ...]
+    booked: int
     remaining: tuple[int, ...]
     resets_in: tuple[int, ...]
     next_slot_in: int
@@ -114,17 +115,19 @@ class Model:
 
     def usage(self, key: str, now: int) -> ModelUsage:
         log = self.logs.get(key, KeyLog())
-        used = tuple(self._in_window(log, now, period) for _, period in self.rates)
+        booked = sum(cost for t, cost in log.entries if t > now)
+        used = tuple(self._in_window(log, now, period) - booked for _, period in self.rates)
         resets_in = []
-        for (_, period), in_window in zip(self.rates, used, strict=True):
-            oldest = min((t for t, _ in log.entries if t > now - period), default=None)
-            resets_in.append(
-                0 if not in_window or oldest is None else max(0, oldest + period - now)
-            )
+        for limit, period in self.rates:
+            # The first moment from now on at which one more unit fits this rate alone.
+            candidates = sorted({now} | {t + period for t, _ in log.entries if t + period > now})
+            fits = next(s for s in candidates if self._in_window(log, s, period) + 1 <= limit)
+            resets_in.append(fits - now)
         return ModelUsage(
             used=used,
+            booked=booked,
             remaining=tuple(
-                max(0, limit - u) for (limit, _), u in zip(self.rates, used, strict=True)
+                max(0, limit - u - booked) for (limit, _), u in zip(self.rates, used, strict=True)
             ),
             resets_in=tuple(resets_in),
             next_slot_in=self._earliest(log, now, 1) - now,

@@ -1,20 +1,25 @@
 """Bad input: refused at once with an error that names the value, and nothing is written.
 
-Every limiter here sits on the real Redis server of the session, flushed per test,
-so "nothing written" is checked where it matters: DBSIZE stays 0. A key is never
-echoed in a message, since it is usually an access token.
+The valid ranges (throttle_client/_ranges.py) are held by one table of cases run on
+every store, sync and async; "nothing written" is checked in the store itself (its
+keys, rows or DBSIZE). Further checks run on the real Redis server of the session,
+flushed per test. A key is never echoed in a message, since it is usually an access
+token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+import redis.cluster
 
 from throttle_client import (
     AsyncLimiter,
@@ -24,10 +29,14 @@ from throttle_client import (
     ConfigurationError,
     CostTooHigh,
     Limiter,
+    MemoryBackend,
     Rate,
     RedisBackend,
+    SQLiteBackend,
+    ThrottleTimeout,
 )
 from throttle_client._ops import Acquire, Policy
+from throttle_client._ranges import MAX_SECONDS
 from throttle_client.testing import FakeClock
 
 TOKEN = "EAAB-secret-access-token-0123456789"
@@ -48,6 +57,180 @@ def named(error: pytest.ExceptionInfo[BaseException], value: object) -> bool:
 def limiter_on(url: str, **options: Any) -> Limiter:
     options.setdefault("rates", ["3/second"])
     return Limiter(RedisBackend(url), clock=FakeClock(), **options)
+
+
+# -- one table, every store ------------------------------------------------------------------
+
+TEN_YEARS = timedelta(seconds=MAX_SECONDS)
+SURROGATE_TOKEN = "EAAB-secret\ud800-token"
+
+
+@dataclass(frozen=True)
+class Case:
+    """``run(make_limiter, limiter)`` must raise ``error`` whose message holds ``names``."""
+
+    name: str
+    run: Callable[[Any, Any], object]
+    names: str
+    error: type[Exception] = ConfigurationError
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def built(**options: Any) -> Callable[[Any, Any], object]:
+    return lambda make, _: make(**options)
+
+
+def called(method: str, *args: Any, **kwargs: Any) -> Callable[[Any, Any], object]:
+    return lambda _, limiter: getattr(limiter, method)(*args, **kwargs)
+
+
+CASES = [
+    # When the limiter (or its Rate) is built:
+    Case("17 rates", built(rates=["100/second"] * 17), "17"),
+    Case("limit 2**40 + 1", lambda *_: Rate(2**40 + 1, 1), str(2**40 + 1)),
+    Case("limit 2**60", lambda *_: Rate(2**60, 1), str(2**60)),
+    Case("limit 2**70", lambda *_: Rate(2**70, 1), str(2**70)),
+    Case("limit 2**70 as text", built(rates=[f"{2**70}/second"]), f"{2**70}/second"),
+    Case("period 1e12", lambda *_: Rate(10, 1e12), "1000000000000.0"),
+    Case("period of 10 years + 1 s", lambda *_: Rate(10, MAX_SECONDS + 1), "315576001.0"),
+    Case("period of 4000 days as text", built(rates=["1/4000 days"]), "1/4000 days"),
+    Case("period below 1 microsecond", lambda *_: Rate(10, 1e-7), "1e-07"),
+    Case("min_interval 1e12", built(rates=["1/second"], min_interval=1e12), "1000000000000.0"),
+    Case(
+        "min_interval of 10 years + 1 µs",
+        built(rates=["1/second"], min_interval=TEN_YEARS + timedelta(microseconds=1)),
+        "days=3652",
+    ),
+    Case("Arabic-Indic digits", built(rates=["\u0661\u0660/second"]), "\u0661\u0660/second"),
+    Case("full-width digits", built(rates=["\uff11\uff10/second"]), "\uff11\uff10/second"),
+    Case(
+        "namespace with a lone surrogate",
+        built(rates=["1/second"], namespace="ns\udc80"),
+        "position 2",
+    ),
+    Case("namespace with NUL", built(rates=["1/second"], namespace="a\x00b"), "NUL"),
+    Case(
+        "key_secret with a lone surrogate",
+        built(rates=["1/second"], key_secret="s\ud800x"),
+        "key_secret",
+    ),
+    # With the call that carries the value, before anything reaches the store:
+    Case("pause 1e10", called("pause", TOKEN, 1e10), "10000000000.0"),
+    Case("pause 1e300", called("pause", TOKEN, 1e300), "1e+300"),
+    Case("pause of 10 years + 1 s", called("pause", TOKEN, MAX_SECONDS + 1), "315576001.0"),
+    Case("pause inf", called("pause", TOKEN, math.inf), "inf"),
+    Case("pause -1", called("pause", TOKEN, -1), "-1"),
+    Case("timeout nan", called("acquire", TOKEN, timeout=math.nan), "nan"),
+    Case("timeout -1", called("acquire", TOKEN, timeout=-1), "-1"),
+    Case("cost 2**70", called("acquire", TOKEN, 2**70), str(2**70), CostTooHigh),
+    *(
+        Case(
+            f"{method} of a key with a lone surrogate",
+            called(method, SURROGATE_TOKEN),
+            "position 11",
+        )
+        for method in ("try_acquire", "acquire", "usage", "reset")
+    ),
+    Case(
+        "pause of a key with a lone surrogate", called("pause", SURROGATE_TOKEN, 1), "position 11"
+    ),
+]
+
+
+def stored(limiter: Any, request: pytest.FixtureRequest) -> int:
+    """What the store behind ``limiter`` holds: keys, rows, or DBSIZE."""
+    backend = limiter.backend
+    backend = getattr(backend, "backend", backend)  # the store an AsyncLimiter wraps
+    if isinstance(backend, MemoryBackend):
+        return len(backend)
+    if isinstance(backend, SQLiteBackend):
+        with sqlite3.connect(backend.path) as db:
+            tables = ("tc_entries", "tc_meta")
+            return sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)
+    if isinstance(backend, (RedisBackend, AsyncRedisBackend)) and isinstance(
+        backend.client, (redis.Redis, redis.asyncio.Redis)
+    ):
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        size = client.dbsize()
+    else:
+        client = redis.cluster.RedisCluster.from_url(request.getfixturevalue("cluster_url"))
+        size = client.dbsize(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
+    client.close()
+    return int(size)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_values_fail_alike_on_every_store(
+    make_limiter: Any, case: Case, request: pytest.FixtureRequest
+) -> None:
+    """One answer, on memory, SQLite, Redis and Cluster, sync and async: a
+    ConfigurationError naming the value, and nothing written."""
+    limiter = make_limiter(rates=["3/second"])
+    with pytest.raises(case.error) as error:
+        case.run(make_limiter, limiter)
+    assert isinstance(error.value, ConfigurationError) and isinstance(error.value, ValueError)
+    assert case.names in str(error.value)
+    assert "EAAB" not in str(error.value)  # never the key, nor any part of it
+    assert "s\ud800x" not in str(error.value)  # nor the secret
+    assert stored(limiter, request) == 0
+
+
+class StillClock(FakeClock):
+    """Records sleeps without moving: every call arrives at the same moment."""
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def test_the_furthest_slot_is_ten_years_ahead_on_every_store(make_limiter: Any) -> None:
+    """None, or a timeout of 10 years or more, waits for any slot there is; no store
+    books one further ahead, so the same call gets the same ThrottleTimeout on each."""
+    clock = StillClock()
+    limiter = make_limiter(rates=[Rate(1, MAX_SECONDS)], clock=clock)
+    assert limiter.acquire(TOKEN).waited == 0
+    assert limiter.acquire(TOKEN, timeout=1e10).waited == MAX_SECONDS
+    for timeout in (None, 1e10, math.inf, TEN_YEARS * 3):
+        with pytest.raises(ThrottleTimeout) as refused:
+            limiter.acquire(TOKEN, timeout=timeout)
+        assert refused.value.retry_after == 2 * MAX_SECONDS
+    usage = limiter.usage(TOKEN).rates[0]
+    assert (usage.used, usage.booked) == (1, 1)  # the refusals booked nothing
+
+
+def test_the_largest_values_work_alike_on_every_store(make_limiter: Any) -> None:
+    """Every bound at once, to the microsecond: nothing a store computes from them is
+    rounded (the Redis script counts in doubles, SQLite in 64-bit integers)."""
+    big = 2**40
+    limiter = make_limiter(
+        rates=[Rate(big, MAX_SECONDS), Rate(big, 1), *["1099511627776/3652.5 days"] * 14],
+        min_interval=TEN_YEARS,
+        clock=StillClock(),
+    )
+    assert limiter.try_acquire(TOKEN, big).remaining == (0,) * 16
+    refused = limiter.try_acquire(TOKEN)
+    assert refused.retry_after == MAX_SECONDS and refused.remaining == (0,) * 16
+    assert limiter.pause(TOKEN, TEN_YEARS) - refused.slot == 0  # as far as the gap
+    usage = limiter.usage(TOKEN)
+    assert [(r.used, r.booked, r.remaining) for r in usage.rates[:2]] == [(big, 0, 0)] * 2
+    assert [r.resets_in for r in usage.rates[:2]] == [MAX_SECONDS, 1.0]
+    assert usage.next_slot_in == usage.paused_for == MAX_SECONDS
+    booked = limiter.acquire(TOKEN, big - 1)
+    assert booked.waited == MAX_SECONDS and booked.remaining[:2] == (1, 1)
+    with pytest.raises(ThrottleTimeout) as refused_again:
+        limiter.acquire(TOKEN, big)
+    assert refused_again.value.retry_after == 2 * MAX_SECONDS
+    assert limiter.usage(TOKEN).rates[1].booked == big - 1
+
+
+def test_a_timeout_beyond_ten_years_is_no_limit(make_limiter: Any) -> None:
+    clock = FakeClock()
+    limiter = make_limiter(rates=["1/second"], clock=clock)
+    limiter.acquire(TOKEN)
+    assert limiter.acquire(TOKEN, timeout=1e10).waited == 1.0
+    assert limiter.acquire(TOKEN, timeout=math.inf).waited == 1.0
+    assert clock.slept == [1.0, 1.0]
 
 
 # -- rates -------------------------------------------------------------------------------

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from throttle_client import Limiter, SQLiteBackend, _demo
-from throttle_client._cli import main
+from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend, _demo
+from throttle_client._cli import build_parser, main
+from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_cli_test_token_5c1d9e"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
@@ -61,6 +67,32 @@ def test_demo_on_redis(redis_url: str) -> None:
     summary = json.loads(result.stdout)
     assert summary["store"] == "redis" and summary["tokens"] == 3
     check_demo_summary(summary)
+
+
+def test_the_demo_books_no_slot_after_its_duration() -> None:
+    """Two crawlers of one token at 1/second for 0.5 s: the second would book the slot at
+    1 s and the first then 2 s, stretching the run to 2 s; now neither books past 0.5 s."""
+    result = cli("demo", "--duration", "0.5", "--rate", "1/s", "--rate", "2/s",
+                 "--workers", "2", "--tokens", "1", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    (token,) = summary["per_token"]
+    # One slot, or two if one crawler woke from the start barrier 0.5 s after the other.
+    assert 1 <= token["admitted"] <= 2 and token["span"] <= 1.0
+
+
+def test_the_live_view_shows_used_apart_from_booked() -> None:
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=lambda _: None)
+    for _ in range(12):
+        limiter.acquire("t")  # ten slots now, two booked at 1 s
+    config = _demo.DemoConfig(tokens=1, rates=(Rate(10, 1),))
+    run = _demo.DemoRun(config, _demo._Store(), limiter, ("t",), [0] * 4)
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(_demo.live_view(run))
+    table = console.export_text()
+    assert "booked" in table and "12/10" not in table
+    assert re.search(r"token 1\W+0\W+0\W+0\W+0\W+2\W+10/10\W", table), table
 
 
 @pytest.mark.parametrize(("rejected", "errors", "status"), [(0, [], 0), (2, [], 1), (0, ["x"], 1)])
@@ -137,7 +169,8 @@ def test_status_and_reset_on_sqlite(tmp_path: Path) -> None:
     assert entry["key"] == "key 1" and entry["store_key"] == limiter._key(TOKEN)
 
     text = cli("status", *common, "--rate", "5/minute", TOKEN)
-    assert "used 3, remaining 2" in text.stdout and "paused: for" in text.stdout
+    assert "used 3, booked 0, remaining 2, a call can go in" not in text.stdout  # it can now
+    assert "used 3, booked 0, remaining 2" in text.stdout and "paused: for" in text.stdout
     assert TOKEN not in text.stdout + text.stderr
 
     reset = cli("reset", *common, "-", stdin=f"{TOKEN}\n")  # the token from standard input
@@ -156,3 +189,45 @@ def test_status_on_redis_with_the_token_from_the_environment(redis_url: str) -> 
     assert json.loads(result.stdout)["keys"][0]["rates"][0]["used"] == 1
     other_ns = cli("status", "--redis", redis_url, "--rate", "5/minute", "--json", TOKEN)
     assert json.loads(other_ns.stdout)["keys"][0]["rates"][0]["used"] == 0
+
+
+def test_status_tells_used_from_booked(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    limiter = Limiter(SQLiteBackend(path), rates=["10/minute"], sleep=lambda _: None)
+    for _ in range(30):
+        limiter.acquire(TOKEN)  # ten slots now, ten a minute on, ten two minutes on
+    result = cli("status", "--sqlite", str(path), "--rate", "10/minute", "--json", TOKEN)
+    assert result.returncode == 0, result.stderr
+    (rate,) = json.loads(result.stdout)["keys"][0]["rates"]
+    assert (rate["used"], rate["booked"], rate["remaining"]) == (10, 20, 0)
+    assert 120 < rate["resets_in"] <= 180  # once the ten at two minutes are the last in
+    text = cli("status", "--sqlite", str(path), "--rate", "10/minute", TOKEN).stdout
+    assert "used 10, booked 20, remaining 0, a call can go in 1" in text
+
+
+def test_the_readme_synopsis_says_which_options_are_required() -> None:
+    """An option the README shows in [brackets] is optional; any other is required, on
+    its own or as one of a required group such as (--redis URL | --sqlite PATH)."""
+    block = re.search(r"### The command\n\n```bash\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    commands = next(
+        action.choices
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    for line in block[1].splitlines():
+        name = line.split()[1]
+        parser = commands[name]
+        depth, shown = 0, {}
+        for token in re.findall(r"\[|\]|--[a-z-]+", line):
+            if token in "[]":
+                depth += 1 if token == "[" else -1
+            else:
+                shown.setdefault(token, depth > 0)  # its first mention says
+        for option, optional in shown.items():
+            action = parser._option_string_actions[option]
+            required = action.required or any(
+                group.required and action in group._group_actions
+                for group in parser._mutually_exclusive_groups
+            )
+            assert required is not optional, f"README: {name} {option}"

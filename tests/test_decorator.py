@@ -162,6 +162,46 @@ def test_a_limiter_of_the_wrong_world_is_refused(limiter, async_limiter):
         def fetch(token: str) -> None: ...
 
 
+class AsyncFetcher:
+    """Fetches with an async __call__."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def __call__(self, token: str, url: str) -> str:
+        self.calls.append(token)
+        return url
+
+
+async def test_an_object_with_an_async_call(async_limiter, clock):
+    fetcher = AsyncFetcher()
+    fetch = throttled(async_limiter, key="token")(fetcher)
+    assert inspect.iscoroutinefunction(fetch) and fetch.__doc__ == AsyncFetcher.__doc__
+    assert [await fetch("t", str(i)) for i in range(3)] == ["0", "1", "2"]
+    assert fetcher.calls == ["t"] * 3 and clock.slept == [1.0]  # the third waited its turn
+
+
+def test_an_object_with_an_async_call_is_named_in_messages(limiter, async_limiter):
+    with pytest.raises(TypeError, match=r"AsyncFetcher\.__call__ is a coroutine function"):
+        throttled(limiter, key="token")(AsyncFetcher())
+    with pytest.raises(ConfigurationError, match="names no argument of AsyncFetcher"):
+        throttled(async_limiter, key="tokn")(AsyncFetcher())
+
+
+def test_generator_functions_are_refused_as_what_they_are(limiter, async_limiter):
+    async def pages(token: str):
+        yield token
+
+    def lines(token: str):
+        yield token
+
+    for any_limiter in (limiter, async_limiter):
+        with pytest.raises(TypeError, match="pages is an async generator function, whose body"):
+            throttled(any_limiter, key="token")(pages)
+        with pytest.raises(TypeError, match="lines is a generator function, whose body"):
+            throttled(any_limiter, key="token")(lines)
+
+
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [

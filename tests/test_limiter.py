@@ -215,15 +215,19 @@ def test_usage_reports_and_changes_nothing(make_limiter: Any) -> None:
     clock = FakeClock()
     limiter = make_limiter(rates=["3/second", "5/minute"], min_interval=0.2, clock=clock)
     fresh = limiter.usage("k")
-    assert [(r.used, r.remaining, r.resets_in) for r in fresh.rates] == [(0, 3, 0), (0, 5, 0)]
+    assert [(r.used, r.booked, r.remaining, r.resets_in) for r in fresh.rates] == [
+        (0, 0, 3, 0),
+        (0, 0, 5, 0),
+    ]
     assert (fresh.next_slot_in, fresh.paused_for, fresh.paused_until) == (0, 0, None)
     limiter.acquire("k")
     clock.advance(0.3)
     limiter.acquire("k", cost=2)
     usage = limiter.usage("k")
     assert [r.rate for r in usage.rates] == [Rate(3, 1), Rate(5, 60)]
-    assert [(r.used, r.remaining) for r in usage.rates] == [(3, 0), (3, 2)]
-    assert [us(r.resets_in) for r in usage.rates] == [700_000, 59_700_000]
+    assert [(r.used, r.booked, r.remaining) for r in usage.rates] == [(3, 0, 0), (3, 0, 2)]
+    # 3/second takes a call once the first one leaves its window; 5/minute takes one now.
+    assert [us(r.resets_in) for r in usage.rates] == [700_000, 0]
     assert us(usage.next_slot_in) == 700_000  # 3/second is full until the first call leaves
     assert usage.paused_for == 0
     assert all(limiter.usage("k") == usage for _ in range(3))
@@ -231,13 +235,30 @@ def test_usage_reports_and_changes_nothing(make_limiter: Any) -> None:
     assert limiter.try_acquire("k").allowed  # usage() reserved nothing
 
 
-def test_usage_counts_booked_slots_ahead(make_limiter: Any) -> None:
-    limiter = make_limiter(rates=["2/second"], clock=StillClock())
+def test_usage_splits_used_from_booked(make_limiter: Any) -> None:
+    """Slots up to now are used, slots ahead are booked; resets_in says when a call can go."""
+    limiter = make_limiter(rates=["10/second", "100/minute"], clock=StillClock())
+    for _ in range(30):
+        limiter.acquire("k")  # slots: ten at 0 s, ten at 1 s, ten at 2 s
+    per_second, per_minute = limiter.usage("k").rates
+    assert (per_second.used, per_second.booked, per_second.remaining) == (10, 20, 0)
+    assert (per_minute.used, per_minute.booked, per_minute.remaining) == (10, 20, 70)
+    # 10/second takes one more once the ten at 2 s are the only ones in its window.
+    assert (us(per_second.resets_in), us(per_minute.resets_in)) == (3 * US, 0)
+    assert us(limiter.usage("k").next_slot_in) == 3 * US
+    assert us(limiter.try_acquire("k").retry_after) == 3 * US
+
+
+def test_booked_slots_become_used_as_time_reaches_them(make_limiter: Any) -> None:
+    clock = StillClock()
+    limiter = make_limiter(rates=["2/second"], clock=clock)
     for _ in range(3):
-        limiter.acquire("k")
-    usage = limiter.usage("k")
-    assert usage.rates[0].used == 3 and usage.rates[0].remaining == 0
-    assert us(usage.next_slot_in) == US  # the third holds 1 s; the next fits once 0.0 leaves
+        limiter.acquire("k")  # slots 0, 0 and 1 s; the sleeps do not move the clock
+    usage = limiter.usage("k").rates[0]
+    assert (usage.used, usage.booked, usage.remaining, us(usage.resets_in)) == (2, 1, 0, US)
+    clock.advance(1)  # the two at 0 leave the window as the one at 1 s enters it
+    usage = limiter.usage("k").rates[0]
+    assert (usage.used, usage.booked, usage.remaining, us(usage.resets_in)) == (1, 0, 1, 0)
 
 
 def test_reset_forgets_the_key(make_limiter: Any) -> None:
@@ -280,7 +301,7 @@ def test_window_slides_and_is_half_open(make_limiter: Any) -> None:
     clock.advance(0.000001)
     # At exactly 1 s the call from 0 is out of (now - 1 s, now]; the one from 0.5 s is in.
     usage = limiter.usage("k").rates[0]
-    assert (usage.used, us(usage.resets_in)) == (1, 500_000)
+    assert (usage.used, usage.booked, usage.remaining, usage.resets_in) == (1, 0, 1, 0)
     assert limiter.try_acquire("k").remaining == (0,)
     # A fixed window would start afresh at 1 s and admit a second call; a sliding one
     # waits for the call at 0.5 s to leave.

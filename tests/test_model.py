@@ -8,6 +8,10 @@ integer microseconds, so float seconds never blur an edge of a window.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,6 +199,7 @@ class Agreement(RuleBasedStateMachine):
             usage = limiter.usage(key)
             got = (
                 tuple(r.used for r in usage.rates),
+                {r.booked for r in usage.rates},
                 tuple(r.remaining for r in usage.rates),
                 tuple(to_us(r.resets_in) for r in usage.rates),
                 to_us(usage.next_slot_in),
@@ -202,6 +207,7 @@ class Agreement(RuleBasedStateMachine):
             )
             want = (
                 expected.used,
+                {expected.booked},
                 expected.remaining,
                 expected.resets_in,
                 expected.next_slot_in,
@@ -237,4 +243,21 @@ def test_model_follows_the_design_on_a_worked_example() -> None:
     assert model.acquire("k", 100_000, max_wait=0).slot == 1_000_000
     assert model.acquire("k", 100_000).slot == 1_000_000
     assert model.acquire("k", 100_000, max_wait=0).slot == 10_000_000
-    assert model.usage("k", 100_000).used == (3, 3)  # the booked slot counts as used
+    usage = model.usage("k", 100_000)
+    assert (usage.used, usage.booked) == ((2, 2), 1)  # the slot at 1 s is booked, not used
+    assert usage.remaining == (0, 0) and usage.resets_in == (1_000_000, 9_900_000)
+
+
+def test_hypothesis_keeps_its_files_in_the_pytest_cache(tmp_path: Path) -> None:
+    """A test run leaves no .hypothesis/ in the working directory (tests/conftest.py)."""
+    tests = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    cache = tmp_path / "cache"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-o", f"cache_dir={cache}",
+         str(tests / "test_feedback.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not (tmp_path / ".hypothesis").exists()
+    assert (cache / "d" / "hypothesis").is_dir()

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from throttle_client import ConfigurationError, Limiter, MemoryBackend, Rate
+from throttle_client._ranges import MAX_LIMIT, MAX_RATES, MAX_SECONDS, MIN_PERIOD
 
 
 def test_three_spellings_are_one_rate() -> None:
@@ -56,5 +57,31 @@ def test_a_limiter_takes_rates_and_strings() -> None:
     mixed = Limiter(backend, rates=[Rate(5000, 3600), "10/second"])
     assert mixed.rates == (Rate(5000, 3600), Rate(10, 1))
     assert "Rate(5000, 3600)" in repr(mixed)
-    with pytest.raises(ConfigurationError, match="at least one rate"):
+    with pytest.raises(ConfigurationError, match="from 1 to 16 rates, not 0"):
         Limiter(backend, rates=[])
+    assert len(Limiter(backend, rates=["1/second"] * MAX_RATES).rates) == MAX_RATES
+
+
+def test_the_edges_of_the_valid_ranges_are_inside() -> None:
+    assert Rate(MAX_LIMIT, MAX_SECONDS).period_us == 315_576_000_000_000
+    assert Rate(1, MIN_PERIOD).period_us == 1
+    assert Rate.parse("1099511627776/3652.5 days") == Rate(MAX_LIMIT, MAX_SECONDS)
+    limiter = Limiter(MemoryBackend(), rates=["1/second"], min_interval=MAX_SECONDS)
+    assert limiter.min_interval == MAX_SECONDS
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u0661\u0660/second",  # Arabic-Indic ten
+        "\uff11\uff10/second",  # full-width ten
+        "10/\u0661 seconds",
+        "10\u00a0/second",  # a no-break space
+        "10/\u017fecond",  # long s, which re.I alone folds to 's'
+        "9" * 5000 + "/second",  # more digits than int() will read
+    ],
+)
+def test_parse_takes_ascii_digits_only(text: str) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        Rate.parse(text)
+    assert repr(text)[:60] in str(error.value)

@@ -15,6 +15,12 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
 
 
+def taken(limiter: Limiter) -> int:
+    """Units of the token's first rate in slots up to now or booked ahead."""
+    usage = limiter.usage("ACCESS-TOKEN").rates[0]
+    return usage.used + usage.booked
+
+
 def test_the_readme_has_sync_and_async_examples() -> None:
     assert len(BLOCKS) >= 2
     assert any("asyncio.run" in block for block in BLOCKS)
@@ -27,15 +33,18 @@ def test_readme_example_runs(index: int, redis_url: str) -> None:
         source = source.replace("https://api.example.com", upstream.url)
         namespace: dict[str, object] = {"__name__": f"readme_{index}"}
         exec(compile(source, f"README.md block {index}", "exec"), namespace)
+        limiter = namespace.get("limiter")
         if "fetch" in namespace:  # the decorated function: call it once, for real
             fetch = namespace["fetch"]
-            assert callable(fetch)
+            assert callable(fetch) and isinstance(limiter, Limiter)
+            before = taken(limiter)
             assert b'"ok": true' in fetch("ACCESS-TOKEN", f"{upstream.url}/items")
+            assert taken(limiter) == before + 1  # one call, one slot: not counted twice
         stats = upstream.stats()
-        # The sync snippet keeps a client and a Redis connection for the process's life.
-        client, limiter = namespace.get("client"), namespace.get("limiter")
-        if isinstance(client, httpx.Client):
-            client.close()
+        # The sync snippet keeps clients and a Redis connection for the process's life.
+        for client in namespace.values():
+            if isinstance(client, httpx.Client):
+                client.close()
         if isinstance(limiter, Limiter) and isinstance(limiter.backend, RedisBackend):
             limiter.backend.close()
     assert stats["rejected"] == 0

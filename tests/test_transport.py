@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -221,6 +222,60 @@ def test_routes_pick_a_limiter_by_host_and_path_prefix(world):
     assert world.usage(core, TOKEN).rates[0].used == 2
     assert world.usage(other_host, TOKEN).rates[0].used == 1
     world.close(client)
+
+
+def test_a_route_host_with_a_port_matches_that_port_only(world):
+    local = world.limiter("100/second")
+    secure = world.limiter("100/second")
+    v6 = world.limiter("100/second")
+    core = world.limiter("100/second")
+    routes = [
+        Route(local, host="127.0.0.1:8080"),
+        Route(secure, host="API.Example.com:443"),
+        Route(v6, host="[::1]:8081", path="/v6"),
+    ]
+    client = world.client(core, Upstream(world.clock, []), routes=routes)
+    for url in (
+        "http://127.0.0.1:8080/a",  # local
+        "http://127.0.0.1:8081/a",  # core: another port
+        "http://127.0.0.1/a",  # core: port 80
+        "https://api.example.com/a",  # secure: https is port 443
+        "http://api.example.com/a",  # core: port 80
+        "https://api.example.com:8443/a",  # core
+        "http://[::1]:8081/v6/x",  # v6
+        "http://[::1]:8080/v6/x",  # core
+    ):
+        world.get(client, url)
+    used = [world.usage(limiter, TOKEN).rates[0].used for limiter in (local, secure, v6, core)]
+    assert used == [1, 1, 1, 5]
+    world.close(client)
+
+
+@pytest.mark.parametrize(
+    ("host", "name", "port"),
+    [
+        ("api.example.com", "api.example.com", None),
+        ("127.0.0.1:8080", "127.0.0.1", 8080),
+        ("[::1]:8080", "::1", 8080),
+        ("[::1]", "::1", None),
+        ("::1", "::1", None),
+        ("Example.COM:443", "example.com", 443),
+    ],
+)
+def test_a_route_host_is_a_name_and_maybe_a_port(host, name, port):
+    route = Route(Limiter(MemoryBackend(), rates="1/second"), host=host)
+    assert (route._name, route._port, route.host) == (name, port, host.lower())
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["", "https://x.com", "x.com:", "x.com:0", "x.com:65536", "x.com:http", "x.com:\uff18\uff10",
+     "[::1", "[::1]8080", "user@x.com", ":8080", "x.com/path"],
+)  # fmt: skip
+def test_a_bad_route_host_is_refused_by_name(host):
+    with pytest.raises(ConfigurationError) as caught:
+        Route(Limiter(MemoryBackend(), rates="1/second"), host=host)
+    assert repr(host) in str(caught.value)
 
 
 def test_without_a_default_limiter_unrouted_requests_pass_unthrottled(world):
@@ -485,6 +540,9 @@ def test_a_transport_needs_something_to_throttle_with():
         (lambda: RetryPolicy(max_attempts=2.5), "2.5"),  # type: ignore[arg-type]
         (lambda: RetryPolicy(max_pause=-1), "-1"),
         (lambda: RetryPolicy(backoff=float("nan")), "nan"),
+        # Above the limiter's longest pause: a 429 would end in its ConfigurationError.
+        (lambda: RetryPolicy(max_pause=1e10), "10000000000"),
+        (lambda: RetryPolicy(backoff=timedelta(days=4000)), "days=4000"),
         (lambda: Route(None, path="search"), "'search'"),  # type: ignore[arg-type]
         (lambda: Route(None, host="https://x.com"), "https://x.com"),  # type: ignore[arg-type]
         (
@@ -499,6 +557,10 @@ def test_bad_configuration_names_the_value(make, bad):
     with pytest.raises(ConfigurationError) as caught:
         make()
     assert bad in str(caught.value)
+
+
+def test_the_backoff_of_many_attempts_stays_capped():
+    assert RetryPolicy(max_attempts=5000, max_pause=60).fallback(2000) == 60
 
 
 def test_clients_take_the_usual_httpx_arguments():

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for name, summary in (
-        ("status", "per rate, used and remaining; the next free slot; any pause in force"),
+        ("status", "per rate, used, booked ahead and remaining; the next free slot; any pause"),
         ("reset", "forget everything about the keys"),
     ):
         sub = commands.add_parser(
@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 required=True,
                 metavar="RATE",
-                help="the limiter's rates, repeatable, e.g. '5000/hour'",
+                help="the limiter's rates (required: the store does not keep them), "
+                "repeatable, e.g. '5000/hour'",
             )
             sub.add_argument(
                 "--min-interval",
@@ -267,6 +268,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     {
                         "rate": str(r.rate),
                         "used": r.used,
+                        "booked": r.booked,
                         "remaining": r.remaining,
                         "resets_in": round(r.resets_in, 6),
                     }
@@ -283,8 +285,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for entry in report:
         print(f"{entry['key']}  (store key {entry['store_key']})")
         for r in entry["rates"]:
-            frees = f", a unit frees in {r['resets_in']:.3f} s" if r["used"] else ""
-            print(f"  {r['rate']:<14} used {r['used']}, remaining {r['remaining']}{frees}")
+            wait = f", a call can go in {r['resets_in']:.3f} s" if r["resets_in"] else ""
+            counts = f"used {r['used']}, booked {r['booked']}, remaining {r['remaining']}"
+            print(f"  {r['rate']:<14} {counts}{wait}")
         wait = entry["next_slot_in"]
         print(f"  next free slot: {'now' if wait == 0 else f'in {wait:.3f} s'}")
         paused = entry["paused_for"]

@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
 from ._errors import ConfigurationError
 from ._limiter import AsyncLimiter, Limiter
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _name(func: Callable[..., Any]) -> str:
+    """What messages call ``func``; a callable object or a partial has no __qualname__."""
+    if isinstance(func, functools.partial):
+        return f"partial({_name(func.func)})"
+    name: str | None = getattr(func, "__qualname__", None)
+    return name or f"{type(func).__qualname__}.__call__"
+
+
+def _is_async(func: Callable[..., Any]) -> TypeGuard[Callable[..., Awaitable[Any]]]:
+    """A coroutine function, a partial of one, or an object whose __call__ is one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
 class _CallPlan:
@@ -46,7 +59,7 @@ class _CallPlan:
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         if name not in params and not takes_any:
             raise ConfigurationError(
-                f"{what}={name!r} names no argument of {func.__qualname__}{self.signature}"
+                f"{what}={name!r} names no argument of {_name(func)}{self.signature}"
             )
 
     def _argument(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -89,8 +102,10 @@ def throttled(
     callable over the call's arguments. ``cost``: units per call, fixed, the name of an
     argument, or a callable over the call's arguments. ``timeout``: the longest wait
     for a slot; beyond it ``ThrottleTimeout`` is raised and the function is not called.
-    A plain function needs a :class:`Limiter`, a coroutine function an
-    :class:`AsyncLimiter`. Name, docstring and signature are kept; methods work.
+    A plain function needs a :class:`Limiter`, a coroutine function (or an object
+    whose ``__call__`` is one) an :class:`AsyncLimiter`. Name, docstring and signature
+    are kept; methods work. Generator functions are refused: their body runs while
+    they are iterated, not when they are called.
 
     >>> @throttled(limiter, key="token")
     ... def fetch(token: str, url: str) -> bytes:
@@ -100,11 +115,24 @@ def throttled(
     """
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        for kind, test in (
+            ("an async generator", inspect.isasyncgenfunction),
+            ("a generator", inspect.isgeneratorfunction),
+        ):
+            if test(func):
+                # Calling one only builds the generator; its body, and the requests in
+                # it, run later, while it is iterated: a slot taken at the call would
+                # be spent on nothing.
+                raise TypeError(
+                    f"{_name(func)} is {kind} function, whose body runs only while it is "
+                    "iterated: throttle the requests it makes instead (limiter.acquire in "
+                    "it, or a ThrottledTransport)"
+                )
         plan = _CallPlan(func, key, cost)
-        if inspect.iscoroutinefunction(func):
+        if _is_async(func):
             if not isinstance(limiter, AsyncLimiter):
                 raise TypeError(
-                    f"{func.__qualname__} is a coroutine function: throttle it with an "
+                    f"{_name(func)} is a coroutine function: throttle it with an "
                     f"AsyncLimiter, not {limiter!r}"
                 )
             async_limiter = limiter
@@ -119,8 +147,7 @@ def throttled(
             return cast(Callable[P, R], async_wrapper)
         if not isinstance(limiter, Limiter):
             raise TypeError(
-                f"{func.__qualname__} is a plain function: throttle it with a Limiter, "
-                f"not {limiter!r}"
+                f"{_name(func)} is a plain function: throttle it with a Limiter, not {limiter!r}"
             )
         sync_limiter = limiter
 

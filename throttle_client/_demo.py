@@ -25,6 +25,7 @@ keeps the exact quota; the slots are checked against it with no tolerance.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import queue
 import secrets
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from ._errors import ThrottleTimeout
 from ._limiter import Limiter
 from ._memory import MemoryBackend
 from ._ops import Backend
@@ -120,15 +122,21 @@ class _CrawlReport:
 
 
 class _WatchedLimiter(Limiter):
-    """A Limiter that also tells the parent who is waiting, and keeps the slots it got."""
+    """A Limiter that also tells the parent who is waiting, keeps the slots it got, and
+    books none after the crawl's end (``deadline``, in ``time.monotonic()`` seconds)."""
 
     counters: Any
     numbers: dict[str, int]
     slots: dict[int, list[float]]
+    deadline = math.inf
 
     def acquire(self, key: str, cost: int = 1, timeout: Any = None) -> Decision:
         if key not in self.numbers:
             return super().acquire(key, cost, timeout)  # a warm-up request
+        # A slot past the end would stretch the run: with 1/second, two crawlers of one
+        # token and --duration 0.5, the second would book 1 s, the first then 2 s.
+        left = max(0.0, self.deadline - time.monotonic())
+        timeout = left if timeout is None else min(timeout, left)
         base = self.numbers[key] * _FIELDS
         with self.counters.get_lock():
             self.counters[base + _WAITING] += 1
@@ -209,13 +217,15 @@ def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
                 while time.monotonic() < deadline:
                     page += 1
                     client.get("/items", params={"page": page}).read()
+            except ThrottleTimeout:
+                pass  # the next slot lies after the end: this crawler is done
             except Exception:
                 errors.append(traceback.format_exc())
             finally:
                 client.close()
 
         barrier.wait(timeout=120)
-        deadline = time.monotonic() + plan.duration
+        deadline = limiter.deadline = time.monotonic() + plan.duration
         threads = [
             threading.Thread(target=fetch, args=(client, deadline), daemon=True)
             for client in clients
@@ -491,7 +501,8 @@ def describe_quota(config: DemoConfig) -> str:
 
 def live_view(run: DemoRun) -> Any:
     """A rich renderable of the run so far: per token, what was sent, admitted, refused,
-    who is waiting, and the quota in use as the store sees it."""
+    who is waiting, and the quota as the store sees it: used (slots up to now, never
+    over the limit) and booked (slots ahead, held by the waiting crawlers)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -501,7 +512,7 @@ def live_view(run: DemoRun) -> Any:
         title=f"{config.workers} crawler processes sharing {describe_quota(config)}",
         title_justify="left",
     )
-    for name in ("token", "sent", "admitted", "429s", "waiting"):
+    for name in ("token", "sent", "admitted", "429s", "waiting", "booked"):
         table.add_column(name, justify="left" if name == "token" else "right")
     for rate in config.rates:
         table.add_column(f"used of {rate}", justify="right")
@@ -515,6 +526,7 @@ def live_view(run: DemoRun) -> Any:
             str(ok),
             Text(str(refused), style="bold red" if refused else "green"),
             str(waiting),
+            str(usage.rates[0].booked),
             *(f"{r.used}/{r.rate.limit}" for r in usage.rates),
             f"{usage.next_slot_in:.3f} s",
         )

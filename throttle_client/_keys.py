@@ -21,7 +21,10 @@ def resolve_secret(secret: bytes | str | None) -> bytes:
         from_env = os.environ.get(SECRET_ENV)
         return from_env.encode() if from_env else _DEFAULT_SECRET
     if isinstance(secret, str):
-        secret = secret.encode()
+        try:
+            secret = secret.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate; never echo the secret
+            raise ConfigurationError(_not_utf8("key_secret", exc.start, len(secret))) from None
     if not isinstance(secret, bytes) or not secret:
         raise ConfigurationError("key_secret must be non-empty bytes or str")
     return secret
@@ -33,6 +36,15 @@ def check_namespace(namespace: str) -> str:
     if "{" in namespace or "}" in namespace:
         # The library owns the {hash tag} that keeps one key's data in one Cluster slot.
         raise ConfigurationError(f"namespace must not contain braces: {namespace!r}")
+    if "\x00" in namespace:
+        # NUL separates namespace from key in the hashed text: ("a\0b", "c") and
+        # ("a", "b\0c") must not share a log.
+        raise ConfigurationError(f"namespace must not contain NUL: {namespace!r}")
+    try:
+        namespace.encode()
+    except UnicodeEncodeError as exc:
+        where = _not_utf8("namespace", exc.start, len(namespace))
+        raise ConfigurationError(f"{where}: {namespace!r}") from None
     return namespace
 
 
@@ -43,7 +55,22 @@ def store_key(secret: bytes, namespace: str, key: str) -> str:
         raise TypeError(f"a throttling key must be a str, not {type(key).__name__}")
     if not key:
         raise ConfigurationError("a throttling key must be a non-empty string")
-    return _derive(secret, namespace, key)
+    try:
+        return _derive(secret, namespace, key)
+    except UnicodeEncodeError as exc:
+        # Found by the hash's own encoding (good keys pay nothing) of the text
+        # namespace + NUL + key, whose namespace is known to encode. The codec's
+        # message, which counts in that text, is left out of the chain.
+        where = _not_utf8("a throttling key", exc.start - len(namespace) - 1, len(key))
+        raise ConfigurationError(where) from None
+
+
+def _not_utf8(what: str, position: int, length: int) -> str:
+    """Where a str fails to encode, by position and length only: it may be a secret."""
+    return (
+        f"{what} must encode to UTF-8: the character at position {position} "
+        f"(of {length}) is a lone surrogate"
+    )
 
 
 # A worker asks about the same few tokens over and over: remembering their last few

@@ -35,7 +35,8 @@ from ._ops import (
     Snapshot,
     Verdict,
 )
-from ._rate import Rate, coerce_rate, to_seconds
+from ._ranges import MAX_RATES, MAX_SECONDS
+from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, RateUsage, Usage
 
 T = TypeVar("T")
@@ -75,12 +76,12 @@ class _LimiterCore:
         retry_for: float | timedelta = 1.0,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
-        if not listed:
-            raise ConfigurationError("a limiter needs at least one rate, got none")
+        if not 1 <= len(listed) <= MAX_RATES:
+            raise ConfigurationError(
+                f"a limiter needs from 1 to {MAX_RATES} rates, not {len(listed)}"
+            )
         self.rates: tuple[Rate, ...] = tuple(coerce_rate(rate) for rate in listed)
-        gap = to_seconds(min_interval, "min_interval")
-        if not math.isfinite(gap) or gap < 0:
-            raise ConfigurationError(f"min_interval must be >= 0 and finite, not {min_interval!r}")
+        gap = bounded_seconds(min_interval, "min_interval")
         self.min_interval = gap
         self.namespace = check_namespace(namespace)
         self._secret = resolve_secret(key_secret)
@@ -108,12 +109,12 @@ class _LimiterCore:
         return cost
 
     def _max_wait_us(self, timeout: float | timedelta | None) -> int:
-        if timeout is None:
-            return -1
-        seconds = to_seconds(timeout, "timeout")
+        # No slot is booked more than 10 years ahead (see _ranges): a longer timeout,
+        # or None, waits for any slot there is, the same on every store.
+        seconds = MAX_SECONDS if timeout is None else to_seconds(timeout, "timeout")
         if math.isnan(seconds) or seconds < 0:
             raise ConfigurationError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
-        return -1 if math.isinf(seconds) else round(seconds * US)
+        return round(min(seconds, MAX_SECONDS) * US)
 
     def _now_us(self) -> int | None:
         """The caller's clock, only when one was injected; else the store's own clock."""
@@ -164,10 +165,11 @@ class _LimiterCore:
                 RateUsage(
                     rate=rate,
                     used=used,
-                    remaining=max(0, rate.limit - used),
-                    resets_in=_seconds(max(0, frees - now)) if frees else 0.0,
+                    booked=snap.booked,
+                    remaining=max(0, rate.limit - used - snap.booked),
+                    resets_in=_seconds(max(0, ready - now)),
                 )
-                for rate, used, frees in zip(self.rates, snap.used, snap.frees_at_us, strict=True)
+                for rate, used, ready in zip(self.rates, snap.used, snap.ready_at_us, strict=True)
             ),
             next_slot_in=_seconds(max(0, snap.next_slot_us - now)),
             paused_for=_seconds(max(0, snap.pause_until_us - now)),
@@ -175,9 +177,7 @@ class _LimiterCore:
         )
 
     def _pause_op(self, key: str, seconds: float | timedelta) -> Pause:
-        duration = to_seconds(seconds, "pause seconds")
-        if not math.isfinite(duration) or duration < 0:
-            raise ConfigurationError(f"pause seconds must be >= 0 and finite, not {seconds!r}")
+        duration = bounded_seconds(seconds, "pause seconds")
         return Pause(
             key=self._key(key),
             policy=self._policy,

@@ -60,18 +60,24 @@ class LogView(Protocol):
         """Nothing in the log matters after ``when``: the store may forget the key then."""
 
 
+def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
+    """When ``cost`` more fits under one rate, as far as that rate goes (0: at any time).
+
+    Slots never go backwards, so every entry lies at or before any new slot: the window
+    ending there must drop every entry up to the one at which the running total reaches
+    total - limit + cost; if that one is already trimmed, it is long gone from every window.
+    """
+    target = log.total - limit + cost
+    return log.time_at_cum(target) + period if target > log.base else 0
+
+
 def earliest_slot(log: LogView, policy: Policy, now: int, cost: int) -> int:
     """DESIGN §2: max(now, last + gap, pause, and for each rate the time the cost fits)."""
     slot = max(now, log.pause_until)
     if log.last is not None:
         slot = max(slot, log.last + policy.min_interval_us)
     for limit, period in policy.limits:
-        # The window ending at the slot must drop every entry up to the one at which
-        # the running total reaches total - limit + cost; if that one is already
-        # trimmed, it is long gone from every window.
-        target = log.total - limit + cost
-        if target > log.base:
-            slot = max(slot, log.time_at_cum(target) + period)
+        slot = max(slot, fits_at(log, limit, period, cost))
     return slot
 
 
@@ -98,17 +104,16 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
 
 
 def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:
-    used = tuple(log.total - log.cum_through(now - period) for _, period in op.policy.limits)
-    frees = []
-    for (_, period), in_window in zip(op.policy.limits, used, strict=True):
-        oldest = log.first_after(now - period) if in_window else None
-        frees.append(0 if oldest is None else oldest + period)
+    """Units used (slots up to now) apart from units booked (slots ahead), per rate."""
+    through_now = log.cum_through(now)
+    limits = op.policy.limits
     return Snapshot(
         now_us=now,
         next_slot_us=earliest_slot(log, op.policy, now, 1),
         pause_until_us=log.pause_until,
-        used=used,
-        frees_at_us=tuple(frees),
+        booked=log.total - through_now,
+        used=tuple(through_now - log.cum_through(now - period) for _, period in limits),
+        ready_at_us=tuple(max(now, fits_at(log, limit, period, 1)) for limit, period in limits),
     )
 
 

@@ -64,8 +64,9 @@ class Snapshot:
     now_us: int
     next_slot_us: int
     pause_until_us: int
-    used: tuple[int, ...]
-    frees_at_us: tuple[int, ...]  # per rate, when the oldest unit in the window leaves; 0 if none
+    booked: int  # units in slots after now
+    used: tuple[int, ...]  # per rate, units in slots in the window (now - period, now]
+    ready_at_us: tuple[int, ...]  # per rate, when a call of cost 1 fits it (>= now)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from datetime import timedelta
 
 from ._errors import ConfigurationError
+from ._ranges import MAX_LIMIT, MAX_SECONDS, MIN_PERIOD
 
 _UNITS = {
     "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
@@ -16,8 +16,10 @@ _UNITS = {
     "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }  # fmt: skip
+# ASCII only: a Unicode \d would read Arabic-Indic or full-width digits as a number.
 _RATE_RE = re.compile(
-    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$", re.I
+    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
+    re.I | re.ASCII,
 )
 
 
@@ -28,6 +30,17 @@ def to_seconds(value: float | timedelta, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(f"{name} must be seconds or a timedelta, not {value!r}")
     return float(value)
+
+
+def bounded_seconds(value: float | timedelta, name: str, *, lowest: float = 0.0) -> float:
+    """``to_seconds(value)``, refused unless from ``lowest`` to 10 years (``_ranges``)."""
+    seconds = to_seconds(value, name)
+    if not lowest <= seconds <= MAX_SECONDS:  # NaN fails too
+        low = "1 microsecond" if lowest == MIN_PERIOD else f"{lowest:g} s"
+        raise ConfigurationError(
+            f"{name} must be from {low} to 10 years ({MAX_SECONDS:.0f} s), not {value!r}"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -42,13 +55,11 @@ class Rate:
     period: float
 
     def __init__(self, limit: int, period: float | timedelta) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise ConfigurationError(f"rate limit must be a positive integer, not {limit!r}")
-        seconds = to_seconds(period, "rate period")
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ConfigurationError(f"rate period must be positive and finite, not {period!r}")
-        if seconds < 1e-6:
-            raise ConfigurationError(f"rate period must be at least 1 microsecond, not {period!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ConfigurationError(
+                f"rate limit must be a whole number from 1 to 2**40 ({MAX_LIMIT}), not {limit!r}"
+            )
+        seconds = bounded_seconds(period, "rate period", lowest=MIN_PERIOD)
         object.__setattr__(self, "limit", limit)
         object.__setattr__(self, "period", seconds)
 
@@ -66,6 +77,9 @@ class Rate:
             )
         count = float(match["count"]) if match["count"] else 1.0
         try:
+            if len(match["limit"].lstrip("0")) > len(str(MAX_LIMIT)):
+                # Above the range for sure; int() would refuse thousands of digits on its own.
+                raise ConfigurationError(f"rate limit must be at most 2**40 ({MAX_LIMIT})")
             return cls(int(match["limit"]), count * unit)
         except ConfigurationError as exc:
             raise ConfigurationError(f"bad rate {text!r}: {exc}") from None

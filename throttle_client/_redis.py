@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._errors import BackendError, BackendUnavailable, ConfigurationError
+from ._errors import BackendError, BackendUnavailable
 from ._log import RepairNotice
 from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
 
@@ -72,16 +72,17 @@ def store_keys(key: str) -> tuple[bytes, bytes]:
 def policy_arg(policy: Policy) -> bytes:
     """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per policy.
 
-    Every number is a non-negative integer below 2**64 and there are at most 15 of
-    them (seven rates), so a fixarray of uint64s (or positive fixints) is all it takes.
+    Every number is a non-negative integer below 2**64, so an array (a fixarray up to
+    15 numbers, seven rates; an array16 beyond) of uint64s or positive fixints is all
+    it takes. The limiter holds the number of rates to _ranges.MAX_RATES.
     """
     numbers = [policy.min_interval_us]
     for limit, period in policy.limits:
         numbers += [limit, period]
-    if len(numbers) > 15:
-        raise ConfigurationError(f"at most 7 rates per limiter, not {len(policy.limits)}")
+    count = len(numbers)
+    header = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
     packed = [bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big") for n in numbers]
-    return bytes([0x90 | len(numbers)]) + b"".join(packed)
+    return header + b"".join(packed)
 
 
 def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
@@ -121,8 +122,9 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         allowed, now, slot, pause, *remaining = values
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
     if isinstance(op, Inspect):
-        now, next_slot, pause, *per_rate = values
-        return cast(T, Snapshot(now, next_slot, pause, tuple(per_rate[::2]), tuple(per_rate[1::2])))
+        now, next_slot, pause, booked, *per_rate = values
+        used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
+        return cast(T, Snapshot(now, next_slot, pause, booked, used, ready))
     if isinstance(op, Pause):
         return cast(T, values[0])
     return cast(T, None)

@@ -40,11 +40,20 @@ class Decision:
 
 @dataclass(frozen=True)
 class RateUsage:
-    """One rate of a key: units ``used`` in the window ending now (booked slots ahead
-    included), ``remaining`` units, and ``resets_in`` seconds until a used unit frees."""
+    """One rate of a key, at the moment ``usage()`` looked.
+
+    ``used``: units admitted in slots up to now that are still in the window.
+    ``booked``: units in slots booked ahead by waiting ``acquire`` calls (the same
+    number for every rate of the key: those slots are not in any window yet).
+    ``remaining``: units of ``rate.limit`` neither used nor booked (never below 0).
+    ``resets_in``: seconds until a call of cost 1 could go as far as this rate is
+    concerned (0: now); ``Usage.next_slot_in`` adds the other rates, the minimum
+    interval, the queue of booked slots and any pause.
+    """
 
     rate: Rate
     used: int
+    booked: int
     remaining: int
     resets_in: float
 
@@ -52,7 +61,7 @@ class RateUsage:
 @dataclass(frozen=True)
 class Usage:
     """A read-only look at a key: per-rate usage, when a call of cost 1 could next go
-    (``next_slot_in`` seconds from now), and any pause still in force."""
+    (``next_slot_in`` seconds from now, everything counted), and any pause in force."""
 
     rates: tuple[RateUsage, ...]
     next_slot_in: float

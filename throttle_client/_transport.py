@@ -33,7 +33,7 @@ from tenacity import (
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
 from ._limiter import AsyncLimiter, Limiter
-from ._rate import to_seconds
+from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
 from ._results import Decision, Usage
 
@@ -47,6 +47,9 @@ L = TypeVar("L", Limiter, AsyncLimiter)
 KeyFunc = Callable[[httpx.Request], str]
 CostFunc = Callable[[httpx.Request], int]
 
+# The port a URL without one is sent to (httpx reports it as None).
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
 # httpx.Client options that configure its default transport: ThrottledClient hands
 # them to the inner transport it builds, so they keep working.
 _TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits")
@@ -55,7 +58,8 @@ _TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits")
 @dataclass(frozen=True)
 class Route(Generic[L]):
     """Requests to ``host`` (any host when None) whose path is ``path`` or lies below
-    it go through ``limiter``. The first matching route wins.
+    it go through ``limiter``. The first matching route wins. A host with a port
+    (``"127.0.0.1:8080"``, ``"[::1]:8080"``) matches that port only; a bare one, any port.
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
     >>> Route(search, host="api.github.com", path="/search")
@@ -64,22 +68,49 @@ class Route(Generic[L]):
     limiter: L
     host: str | None = None
     path: str = "/"
+    _name: str | None = field(default=None, init=False, repr=False, compare=False)
+    _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigurationError(f"a route's path must start with '/', not {self.path!r}")
         if self.host is not None:
-            if not isinstance(self.host, str) or not self.host or "/" in self.host:
-                raise ConfigurationError(f"a route's host must be a bare host name: {self.host!r}")
+            name, port = _host_and_port(self.host)
             object.__setattr__(self, "host", self.host.lower())
+            object.__setattr__(self, "_name", name)
+            object.__setattr__(self, "_port", port)
 
     def matches(self, request: httpx.Request) -> bool:
-        if self.host is not None and request.url.host != self.host:
+        url = request.url
+        if self._name is not None and url.host != self._name:
+            return False
+        if self._port is not None and (url.port or _DEFAULT_PORTS.get(url.scheme)) != self._port:
             return False
         prefix = self.path.rstrip("/")
         path = request.url.path
         # On a segment boundary: "/search" covers "/search/code", not "/searchable".
         return not prefix or path == prefix or path.startswith(prefix + "/")
+
+
+def _host_and_port(spec: object) -> tuple[str, int | None]:
+    """``"api.example.com"``, ``"127.0.0.1:8080"``, ``"[::1]:8080"`` or ``"::1"`` as the
+    host httpx reports for a request (lower case, IPv6 without brackets) and the port."""
+    problem = f"a route's host must be a host name, optionally with ':port', not {spec!r}"
+    if not isinstance(spec, str) or not spec or any(c in spec for c in "/@?# "):
+        raise ConfigurationError(problem)
+    host, port = spec.lower(), None
+    if host.startswith("["):  # an IPv6 address, with a port or without
+        host, bracket, rest = host[1:].partition("]")
+        if not bracket or rest[:1] not in ("", ":"):
+            raise ConfigurationError(problem)
+        port = rest[1:] if rest else None
+    elif host.count(":") == 1:  # more than one: a bare IPv6 address
+        host, port = host.split(":")
+    if not host or (port is not None and not (port.isascii() and port.isdigit())):
+        raise ConfigurationError(problem)
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise ConfigurationError(problem)
+    return host, None if port is None else int(port)
 
 
 @dataclass(frozen=True)
@@ -105,14 +136,12 @@ class RetryPolicy:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {attempts!r}")
         for name in ("max_pause", "backoff"):
-            value = to_seconds(getattr(self, name), name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigurationError(f"{name} must be >= 0 seconds and finite, not {value!r}")
-            object.__setattr__(self, name, value)
+            # Within the limiter's range for a pause, or a 429 would end in its error.
+            object.__setattr__(self, name, bounded_seconds(getattr(self, name), name))
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
 
     def fallback(self, attempt: int) -> float:
-        return min(self.max_pause, self.backoff * 2.0 ** (attempt - 1))
+        return min(self.max_pause, self.backoff * 2.0 ** min(attempt - 1, 64))  # no overflow
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@
 -- then    acquire: cost, max wait µs (-1 = any), call id;  pause: duration µs
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
---   acquire: ALLOWED NOW SLOT PAUSE REMAINING...   inspect: NOW NEXT PAUSE (USED FREES)...
+--   acquire: ALLOWED NOW SLOT PAUSE REMAINING...   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
 --   pause: PAUSE NOW   reset: 1
 --
 -- `first` (the oldest logged slot) lets a window that starts before it skip its
@@ -232,14 +232,14 @@ if op == 'acquire' then
   return reply(remaining_at(slot, {1, now, slot, pause}))
 end
 
-if op == 'inspect' then
-  local answer = {now, earliest_slot(1), pause}
+if op == 'inspect' then -- _log.inspect: used (slots up to now) apart from booked (ahead)
+  local through_now = cum_through(now)
+  local answer = {now, earliest_slot(1), pause, total - through_now}
   for i = 1, nrates do
-    local used = total - cum_through(now - periods[i])
-    local frees = 0
-    if used > 0 then frees = (first_after(now - periods[i]) or -periods[i]) + periods[i] end
-    answer[#answer + 1] = used
-    answer[#answer + 1] = frees
+    local ready, target = now, total - limits[i] + 1 -- when a call of cost 1 fits rate i
+    if target > base then ready = math.max(now, time_at_cum(target) + periods[i]) end
+    answer[#answer + 1] = through_now - cum_through(now - periods[i])
+    answer[#answer + 1] = ready
   end
   return reply(answer)
 end

@@ -1,0 +1,30 @@
+"""The valid range of every number a limiter accepts: decided once, the same on every store.
+
+Every store counts in whole microseconds since the epoch. The Redis script does its
+arithmetic in Lua numbers (doubles), exact only below 2**53 µs (the year 2255);
+SQLite keeps signed 64-bit integers. The bounds below keep every number a store
+ever computes far inside both, while leaving any real quota room to spare:
+
+- a limit (so a cost, which never exceeds a limit) is at most ``MAX_LIMIT`` units;
+- a period, the minimum interval and a pause are at most ``MAX_SECONDS`` (10 years),
+  and ``acquire`` books no slot further ahead than that: a longer ``timeout`` (or
+  None) means "wait for any slot", which is at most 10 years away;
+- so the furthest time a store works with is a slot 10 years ahead plus a window or
+  gap of 10 years after it, plus a little slack: about now + 21 years.
+
+A limiter has at most ``MAX_RATES`` rates. Values outside these ranges are refused
+with a ConfigurationError when the limiter (or the Rate) is built, or when the call
+that carries them is made, before anything reaches the store.
+
+One number no input bound can hold: a key's running total of admitted units, which
+grows until the key goes idle and expires. The Redis script keeps it exact below
+2**53, that is for 8192 s of 2**40 units a second, or 200 million years of 5000 an hour.
+"""
+
+from __future__ import annotations
+
+MAX_LIMIT = 2**40  # 1,099,511,627,776 units in one window
+MIN_PERIOD = 0.000_001  # one microsecond: the unit every store counts in
+MAX_SECONDS = 10 * 365.25 * 86400  # 10 years: 315,576,000 s
+MAX_US = round(MAX_SECONDS * 1_000_000)
+MAX_RATES = 16
