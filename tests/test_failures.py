@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import threading
 import time
+import traceback
 
 import pytest
 import redis
@@ -235,3 +236,31 @@ def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
         assert limiter.usage("token").rates[0].used >= 1  # the new primary holds the log
     finally:
         cluster.close()
+
+
+def test_each_refusal_is_a_fresh_exception_chained_to_the_driver_error(
+    own_redis: RedisServer,
+) -> None:
+    """During the cool-down, 1,000 calls (from several threads) raise 1,000 exceptions
+    with short tracebacks, never one object whose traceback grows with every raise."""
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"], retry_for=0)
+    own_redis.kill()
+    raised: list[BackendUnavailable] = []
+
+    def call(times: int) -> None:
+        for _ in range(times):
+            try:
+                limiter.try_acquire("token")
+            except BackendUnavailable as exc:
+                raised.append(exc)
+
+    threads = [threading.Thread(target=call, args=(250,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(raised) == 1000
+    assert len({id(exc) for exc in raised}) == 1000
+    depth = max(len(traceback.extract_tb(exc.__traceback__)) for exc in raised)
+    assert depth < 10, depth
+    assert all(isinstance(exc.__cause__, redis.ConnectionError) for exc in raised)
