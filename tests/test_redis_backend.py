@@ -8,6 +8,7 @@ Cluster hash slots, a wrong key type, and Redis 6.2.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -22,6 +23,8 @@ import redis.cluster
 
 from tests.conftest import started
 from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
     BackendError,
     BackendUnavailable,
     Limiter,
@@ -356,3 +359,73 @@ def test_each_redis_version_with_its_own_time(each_redis: RedisServer) -> None:
     assert 55 < limiter.try_acquire(TOKEN).retry_after <= 60
     assert all(client.pttl(key) > 0 for key in keys_of(client))
     client.close()
+
+
+# -- maxmemory-policy ----------------------------------------------------------------------
+
+
+def eviction_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("policy", "warned"), [("allkeys-lru", 1), ("noeviction", 0)])
+async def test_a_policy_that_can_evict_the_logs_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture, policy: str, warned: int
+) -> None:
+    server = started(RedisServer(args=("--maxmemory", "100mb", "--maxmemory-policy", policy)))
+    try:
+        with caplog.at_level(logging.WARNING, logger="throttle_client"):
+            limiter = Limiter(RedisBackend(server.url), rates=["100/second"])
+            for _ in range(3):
+                limiter.try_acquire(TOKEN)
+            async_backend = AsyncRedisBackend(server.url)
+            async_limiter = AsyncLimiter(async_backend, rates=["100/second"])
+            for _ in range(3):
+                await async_limiter.try_acquire(TOKEN)
+            await async_backend.aclose()
+        messages = eviction_warnings(caplog)
+        assert len(messages) == 2 * warned  # once per backend
+        assert all(policy in m and "noeviction" in m for m in messages)
+        assert TOKEN not in caplog.text and limiter._key(TOKEN) not in caplog.text
+    finally:
+        server.close()
+
+
+def test_a_refused_config_get_is_ignored_silently(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("maxmemory", "100mb")
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    # The README's least-privilege user: no CONFIG, as on a managed service.
+    admin.acl_setuser(
+        "throttler",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["tc:*"],
+        commands=[
+            "-@all",
+            "+evalsha",
+            "+script|load",
+            "+ping",
+            "+time",
+            "+get",
+            "+set",
+            "+del",
+            "+pexpire",
+            "+zadd",
+            "+zrem",
+            "+zscore",
+            "+zrangebyscore",
+            "+zrevrangebyscore",
+            "+zremrangebyscore",
+            "+zremrangebyrank",
+        ],
+    )
+    url = f"redis://throttler:pw@127.0.0.1:{own_redis.port}/0"
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        limiter = Limiter(RedisBackend(url), rates=["2/second"])
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    assert eviction_warnings(caplog) == []
+    assert caplog.records == []
+    admin.close()

@@ -156,7 +156,7 @@ def test_a_standalone_client_on_a_cluster_node_is_a_misconfiguration(cluster_url
         if cluster.get_node_from_key(store_keys(limiter._key(f"token-{n}"))[0]).port
         != node.connection_pool.connection_kwargs["port"]
     )
-    with pytest.raises(BackendError, match="MOVED|MovedError") as info:
+    with pytest.raises(BackendError, match=r"MOVED|MovedError") as info:
         limiter.try_acquire(token)
     assert not isinstance(info.value, BackendUnavailable)
     node.close()
