@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,10 +22,12 @@ import redis.asyncio
 from throttle_client import (
     AsyncLimiter,
     AsyncRedisBackend,
+    BackendUnavailable,
     Limiter,
     LocalFallback,
     RedisBackend,
 )
+from throttle_client.testing import RedisServer
 
 T0 = 1_700_000_000.0
 LIMIT = 100  # per second
@@ -92,3 +95,76 @@ def test_200_threads_on_one_limiter(redis_url: str, built: str, policy: Any) -> 
     judge(slots, 1000)
     backend.close()
     client.close()
+
+
+# -- the queue when the store hangs, and cancelled waiters ------------------------------
+
+SOCKET_TIMEOUT = 1.0  # the backend's
+SLACK = 1.0  # a loaded 2-core machine
+
+
+async def test_a_hung_store_fails_the_whole_async_queue_at_once(own_redis: RedisServer) -> None:
+    """200 tasks, 50 connections: when the calls in flight time out, the 150 waiting
+    behind them fail with them, instead of each queue round waiting out a timeout."""
+    backend = AsyncRedisBackend(own_redis.url)
+    limiter = AsyncLimiter(backend, rates=["100000/second"], retry_for=0)
+    await limiter.try_acquire("token")
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(limiter.try_acquire("token") for _ in range(200)), return_exceptions=True
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        own_redis.resume()
+    assert all(isinstance(r, BackendUnavailable) for r in results), results
+    assert elapsed < SOCKET_TIMEOUT + SLACK, elapsed  # one timeout, not four rounds of it
+    await backend.aclose()
+
+
+def test_a_hung_store_fails_the_whole_thread_queue_at_once(own_redis: RedisServer) -> None:
+    backend = RedisBackend(own_redis.url)
+    limiter = Limiter(backend, rates=["100000/second"], retry_for=0)
+    limiter.try_acquire("token")
+    own_redis.pause()
+    results: list[BaseException | None] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(refusal(limiter))) for _ in range(200)
+    ]
+    try:
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+    finally:
+        own_redis.resume()
+    assert len(results) == 200 and all(isinstance(r, BackendUnavailable) for r in results)
+    assert elapsed < SOCKET_TIMEOUT + SLACK, elapsed
+    backend.close()
+
+
+def refusal(limiter: Limiter) -> BaseException | None:
+    try:
+        limiter.try_acquire("token")
+    except BackendUnavailable as exc:
+        return exc
+    return None
+
+
+async def test_cancelled_tasks_never_keep_a_place(redis_url: str) -> None:
+    backend = AsyncRedisBackend(redis_url)
+    limiter = AsyncLimiter(backend, rates=["100000/second"])
+    for _ in range(5):  # tasks cancelled while waiting, while handed a place, in flight
+        tasks = [asyncio.create_task(limiter.try_acquire("token")) for _ in range(300)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for task in tasks[::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert backend._in_flight.busy == 0 and not backend._in_flight._waiting
+    decisions = await asyncio.gather(*(limiter.try_acquire("token") for _ in range(500)))
+    assert all(d.allowed for d in decisions)
+    await backend.aclose()

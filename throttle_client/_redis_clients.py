@@ -22,6 +22,7 @@ flight as the pool has connections; the rest wait their turn.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import threading
@@ -188,49 +189,45 @@ class InFlight:
 
     A call waits for a place as long as it takes while the store answers: with
     hundreds of tasks or threads that is a queue, not an outage. But when a call in
-    flight fails as unavailable, the calls that were waiting behind it fail with it
-    at once, instead of each taking its turn at a dead socket: a hung store costs the
-    queue one socket timeout, not one per ``size`` calls ahead.
+    flight fails as unavailable, the calls waiting behind it fail with it at once,
+    instead of each taking its turn at a dead socket: a hung store costs the queue
+    one socket timeout, not one per ``size`` calls ahead.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.busy = 0
-        self.failures = 0  # calls in flight that failed as unavailable, ever
         self.last_failure: BaseException | None = None
 
-    def _ready(self, seen: int) -> bool:
-        return self.busy < self.size or self.failures != seen
-
-    def _enter(self, seen: int) -> None:
-        if self.failures != seen:
-            raise BackendUnavailable(
-                "Redis is unavailable: a call ahead of this one failed while it waited "
-                "for a connection"
-            ) from self.last_failure
-        self.busy += 1
-
-    def _leave(self, exc: BaseException | None) -> bool:
-        """Give the place back; True when the call failed as unavailable (wake everyone)."""
-        self.busy -= 1
+    def _failed(self, exc: BaseException | None) -> bool:
+        """Whether a call that ended with ``exc`` failed as unavailable (and remember why)."""
         if not isinstance(exc, BackendUnavailable):
             return False
-        self.failures += 1
         self.last_failure = exc.__cause__ or exc
         return True
+
+    def _given_up(self) -> BackendUnavailable:
+        error = BackendUnavailable(
+            "Redis is unavailable: a call ahead of this one failed while it waited for a connection"
+        )
+        error.__cause__, error.__suppress_context__ = self.last_failure, True
+        return error
 
 
 class ThreadInFlight(InFlight):
     def __init__(self, size: int) -> None:
         super().__init__(size)
         self._changed = threading.Condition()
+        self._failures = 0  # calls that failed as unavailable, ever: waiters watch it
 
     @contextlib.contextmanager
     def place(self) -> Iterator[None]:
         with self._changed:
-            seen = self.failures
-            self._changed.wait_for(lambda: self._ready(seen))
-            self._enter(seen)
+            seen = self._failures
+            self._changed.wait_for(lambda: self.busy < self.size or self._failures != seen)
+            if self._failures != seen:
+                raise self._given_up()
+            self.busy += 1
         error: BaseException | None = None
         try:
             yield
@@ -239,23 +236,37 @@ class ThreadInFlight(InFlight):
             raise
         finally:
             with self._changed:
-                if self._leave(error):
+                self.busy -= 1
+                if self._failed(error):
+                    self._failures += 1
                     self._changed.notify_all()
                 else:
                     self._changed.notify()
 
 
 class TaskInFlight(InFlight):
+    """The asyncio twin: places are handed to waiting tasks in order through futures,
+    without awaiting anything on the way out, so a cancelled task never loses one."""
+
     def __init__(self, size: int) -> None:
         super().__init__(size)
-        self._changed = asyncio.Condition()  # binds to the loop that first waits on it
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     @contextlib.asynccontextmanager
     async def place(self) -> AsyncIterator[None]:
-        async with self._changed:
-            seen = self.failures
-            await self._changed.wait_for(lambda: self._ready(seen))
-            self._enter(seen)
+        if self.busy < self.size and not self._waiting:
+            self.busy += 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting.append(turn)
+            try:
+                await turn  # its result: a place, already counted as busy
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled() and turn.exception() is None:
+                    self._hand_on()  # given a place it will not use: the next one gets it
+                elif turn in self._waiting:
+                    self._waiting.remove(turn)
+                raise
         error: BaseException | None = None
         try:
             yield
@@ -263,11 +274,23 @@ class TaskInFlight(InFlight):
             error = exc
             raise
         finally:
-            async with self._changed:
-                if self._leave(error):
-                    self._changed.notify_all()
-                else:
-                    self._changed.notify()
+            if self._failed(error):
+                self.busy -= 1
+                while self._waiting:
+                    waiter = self._waiting.popleft()
+                    if not waiter.done():
+                        waiter.set_exception(self._given_up())
+            else:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give a place back: straight to the next waiting task, if any."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # busy stays: the place changes hands
+                return
+        self.busy -= 1
 
 
 def evicting_policy(config: Any) -> str | None:
