@@ -157,7 +157,7 @@ class RedisBackend:
 
     def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        with self._in_flight.place():
+        with self._in_flight:
             try:
                 runner = self._runner or self._connect()
                 for tries_left in reversed(range(_NOSCRIPT_TRIES)):
@@ -222,7 +222,7 @@ class AsyncRedisBackend:
     async def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
         runner = self._runner
-        async with self._in_flight.place():
+        async with self._in_flight:
             try:
                 for tries_left in reversed(range(_NOSCRIPT_TRIES)):
                     try:

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -215,73 +214,71 @@ class InFlight:
 
 
 class ThreadInFlight(InFlight):
+    """For threads: ``with in_flight: ...`` around each call (a plain class, not a
+    generator, and no notify when nobody waits: this is on every decision's path)."""
+
     def __init__(self, size: int) -> None:
         super().__init__(size)
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(threading.Lock())
+        self._waiting = 0
         self._failures = 0  # calls that failed as unavailable, ever: waiters watch it
 
-    @contextlib.contextmanager
-    def place(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         with self._changed:
-            seen = self._failures
-            self._changed.wait_for(lambda: self.busy < self.size or self._failures != seen)
-            if self._failures != seen:
-                raise self._given_up()
+            if self.busy >= self.size:
+                seen = self._failures
+                self._waiting += 1
+                try:
+                    self._changed.wait_for(lambda: self.busy < self.size or self._failures != seen)
+                finally:
+                    self._waiting -= 1
+                if self._failures != seen:
+                    raise self._given_up()
             self.busy += 1
-        error: BaseException | None = None
-        try:
-            yield
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            with self._changed:
-                self.busy -= 1
-                if self._failed(error):
-                    self._failures += 1
-                    self._changed.notify_all()
-                else:
-                    self._changed.notify()
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        with self._changed:
+            self.busy -= 1
+            if self._failed(exc):
+                self._failures += 1
+                self._changed.notify_all()
+            elif self._waiting:
+                self._changed.notify()
 
 
 class TaskInFlight(InFlight):
-    """The asyncio twin: places are handed to waiting tasks in order through futures,
-    without awaiting anything on the way out, so a cancelled task never loses one."""
+    """For tasks: ``async with in_flight: ...``. Places are handed to waiting tasks in
+    order through futures, with nothing awaited on the way out, so a task cancelled
+    anywhere never keeps one."""
 
     def __init__(self, size: int) -> None:
         super().__init__(size)
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    @contextlib.asynccontextmanager
-    async def place(self) -> AsyncIterator[None]:
+    async def __aenter__(self) -> None:
         if self.busy < self.size and not self._waiting:
             self.busy += 1
-        else:
-            turn = asyncio.get_running_loop().create_future()
-            self._waiting.append(turn)
-            try:
-                await turn  # its result: a place, already counted as busy
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled() and turn.exception() is None:
-                    self._hand_on()  # given a place it will not use: the next one gets it
-                elif turn in self._waiting:
-                    self._waiting.remove(turn)
-                raise
-        error: BaseException | None = None
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
         try:
-            yield
-        except BaseException as exc:
-            error = exc
+            await turn  # its result: a place, already counted as busy
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled() and turn.exception() is None:
+                self._hand_on()  # given a place it will not use: the next one gets it
+            elif turn in self._waiting:
+                self._waiting.remove(turn)
             raise
-        finally:
-            if self._failed(error):
-                self.busy -= 1
-                while self._waiting:
-                    waiter = self._waiting.popleft()
-                    if not waiter.done():
-                        waiter.set_exception(self._given_up())
-            else:
-                self._hand_on()
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if not self._failed(exc):
+            self._hand_on()
+            return
+        self.busy -= 1
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(self._given_up())
 
     def _hand_on(self) -> None:
         """Give a place back: straight to the next waiting task, if any."""
