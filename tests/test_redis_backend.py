@@ -16,9 +16,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 import redis.cluster
 
 from tests.conftest import started
@@ -429,3 +431,44 @@ def test_a_refused_config_get_is_ignored_silently(
     assert eviction_warnings(caplog) == []
     assert caplog.records == []
     admin.close()
+
+
+# -- a client the user built ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    """Unix socket, password and db 3 reach the backend's own connections; the user's
+    client keeps its own settings and stays open after the backend is closed."""
+    socket_path = str(tmp_path / "redis.sock")
+    server = started(RedisServer(args=("--unixsocket", socket_path)))
+    admin = redis.Redis(port=server.port)
+    admin.config_set("requirepass", "pw")
+    options: dict[str, Any] = {"unix_socket_path": socket_path, "password": "pw", "db": 3}
+    try:
+        if asynchronous:
+            client: Any = redis.asyncio.Redis(**options)
+            backend: Any = AsyncRedisBackend(client)
+            limiter: Any = AsyncLimiter(backend, rates=["2/second"])
+            allowed = [(await limiter.try_acquire(TOKEN)).allowed for _ in range(3)]
+            await backend.aclose()
+            assert await client.ping()  # still open
+            await client.aclose()
+        else:
+            client = redis.Redis(**options)
+            backend = RedisBackend(client)
+            limiter = Limiter(backend, rates=["2/second"])
+            allowed = [limiter.try_acquire(TOKEN).allowed for _ in range(3)]
+            backend.close()
+            assert client.ping()
+            client.close()
+        assert allowed == [True, True, False]
+        assert client.connection_pool.connection_kwargs.get("socket_timeout") != 1.0
+        db3 = redis.Redis(port=server.port, password="pw", db=3)
+        assert db3.dbsize() == 2  # the log and the meta, in the user's db
+        db3.close()
+    finally:
+        admin.close()
+        server.close()
