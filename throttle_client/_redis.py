@@ -1,8 +1,9 @@
 """The Redis store: one Lua script (package data) per decision, over redis-py's own clients.
 
 Sync and asyncio backends share everything but the call itself: the script,
-how an operation becomes KEYS/ARGV, how the reply becomes a result, and how
-driver errors become ours. Each call is one EVALSHA; on NOSCRIPT the script is
+how an operation becomes KEYS/ARGV, how the reply becomes a result, how driver
+errors become ours (``_redis_errors``), and the bounded connections the script runs
+over (``_redis_clients``). Each call is one EVALSHA; on NOSCRIPT the script is
 loaded again and the call repeated, so a ``SCRIPT FLUSH``, a restart or a failover
 is invisible to callers.
 """
