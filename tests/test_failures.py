@@ -5,19 +5,28 @@ Every server here belongs to the test that started it, so it can be killed freel
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import threading
 import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 import redis.cluster
 
 from tests.conftest import started
 from tests.workers import failover_worker
 from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
     BackendError,
     BackendUnavailable,
     Limiter,
@@ -235,3 +244,122 @@ def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
         assert limiter.usage("token").rates[0].used >= 1  # the new primary holds the log
     finally:
         cluster.close()
+
+
+def test_each_refusal_is_a_fresh_exception_chained_to_the_driver_error(
+    own_redis: RedisServer,
+) -> None:
+    """During the cool-down, 1,000 calls (from several threads) raise 1,000 exceptions
+    with short tracebacks, never one object whose traceback grows with every raise."""
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"], retry_for=0)
+    own_redis.kill()
+    raised: list[BackendUnavailable] = []
+
+    def call(times: int) -> None:
+        for _ in range(times):
+            try:
+                limiter.try_acquire("token")
+            except BackendUnavailable as exc:
+                raised.append(exc)
+
+    threads = [threading.Thread(target=call, args=(250,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(raised) == 1000
+    assert len({id(exc) for exc in raised}) == 1000
+    depth = max(len(traceback.extract_tb(exc.__traceback__)) for exc in raised)
+    assert depth < 10, depth
+    assert all(isinstance(exc.__cause__, redis.ConnectionError) for exc in raised)
+
+
+# -- a client the user built with redis-py's defaults ------------------------------------
+
+# README, "When Redis fails": a call during an outage ends within min(timeout, retry_for)
+# plus one socket timeout (1 s); calls succeed again within 2 s of a restart or SIGCONT.
+SOCKET_TIMEOUT = 1.0
+SLACK = 0.5  # a loaded 2-core machine
+HARD_CAP = 15.0  # an unbounded call fails the test instead of hanging it
+
+
+class UserClientLimiter:
+    """A limiter over a client built as users build it (no timeouts, redis-py's default
+    retries), sync or asyncio; every call runs with a hard cap."""
+
+    def __init__(self, port: int, asynchronous: bool) -> None:
+        self.asynchronous = asynchronous
+        if asynchronous:
+            self.loop = asyncio.new_event_loop()
+            self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+            self.thread.start()
+            self.client: Any = redis.asyncio.Redis(host="127.0.0.1", port=port)
+            self.limiter: Any = AsyncLimiter(AsyncRedisBackend(self.client), rates=["1000/second"])
+        else:
+            self.client = redis.Redis(host="127.0.0.1", port=port)
+            self.limiter = Limiter(RedisBackend(self.client), rates=["1000/second"])
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def acquire(self, timeout: float) -> float:
+        """Seconds the call took; raises what it raised."""
+        started = time.monotonic()
+        if self.asynchronous:
+            coro = self.limiter.acquire("token", timeout=timeout)
+            asyncio.run_coroutine_threadsafe(coro, self.loop).result(HARD_CAP)
+        else:
+            self.pool.submit(self.limiter.acquire, "token", timeout=timeout).result(HARD_CAP)
+        return time.monotonic() - started
+
+    def seconds_until_it_answers(self) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < HARD_CAP:
+            with contextlib.suppress(BackendUnavailable):
+                self.acquire(timeout=1)
+                return time.monotonic() - started
+            time.sleep(0.05)
+        raise AssertionError(f"the store did not answer within {HARD_CAP}s")
+
+    def close(self) -> None:
+        if self.asynchronous:
+            asyncio.run_coroutine_threadsafe(self.limiter.backend.aclose(), self.loop).result(5)
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            self.loop.close()
+        else:
+            self.limiter.backend.close()
+            self.client.close()
+            self.pool.shutdown()
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def user_built(request: pytest.FixtureRequest, own_redis: RedisServer) -> Iterator[Any]:
+    limiter = UserClientLimiter(own_redis.port, asynchronous=request.param)
+    yield limiter
+    limiter.close()
+
+
+def test_user_built_client_killed_and_restarted(own_redis: RedisServer, user_built) -> None:
+    user_built.acquire(timeout=2)
+    own_redis.kill()
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable):
+        user_built.acquire(timeout=2)
+    elapsed = time.monotonic() - started
+    assert elapsed < min(2, 1.0) + SOCKET_TIMEOUT + SLACK, elapsed  # retry_for is 1 s
+    own_redis.start()  # same port, empty dataset
+    assert user_built.seconds_until_it_answers() < 2.0
+
+
+def test_user_built_client_stopped_and_continued(own_redis: RedisServer, user_built) -> None:
+    user_built.acquire(timeout=2)
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            user_built.acquire(timeout=2)
+        elapsed = time.monotonic() - started
+    finally:
+        own_redis.resume()
+    assert elapsed < min(2, 1.0) + SOCKET_TIMEOUT + SLACK, elapsed
+    assert user_built.seconds_until_it_answers() < 2.0

@@ -16,13 +16,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 import redis.cluster
 
 from tests.conftest import started
 from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
     BackendError,
     BackendUnavailable,
     Limiter,
@@ -383,3 +387,114 @@ def test_each_redis_version_repairs_partial_state(
     assert len([r for r in caplog.records if "repaired" in r.getMessage()]) == 1
     assert abs(client.pttl(meta) - client.pttl(log)) <= 2  # one TTL for both parts
     client.close()
+
+
+# -- maxmemory-policy ----------------------------------------------------------------------
+
+
+def eviction_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("policy", "warned"), [("allkeys-lru", 1), ("noeviction", 0)])
+async def test_a_policy_that_can_evict_the_logs_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture, policy: str, warned: int
+) -> None:
+    server = started(RedisServer(args=("--maxmemory", "100mb", "--maxmemory-policy", policy)))
+    try:
+        with caplog.at_level(logging.WARNING, logger="throttle_client"):
+            limiter = Limiter(RedisBackend(server.url), rates=["100/second"])
+            for _ in range(3):
+                limiter.try_acquire(TOKEN)
+            async_backend = AsyncRedisBackend(server.url)
+            async_limiter = AsyncLimiter(async_backend, rates=["100/second"])
+            for _ in range(3):
+                await async_limiter.try_acquire(TOKEN)
+            await async_backend.aclose()
+        messages = eviction_warnings(caplog)
+        assert len(messages) == 2 * warned  # once per backend
+        assert all(policy in m and "noeviction" in m for m in messages)
+        assert TOKEN not in caplog.text and limiter._key(TOKEN) not in caplog.text
+    finally:
+        server.close()
+
+
+def test_a_refused_config_get_is_ignored_silently(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("maxmemory", "100mb")
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    # The README's least-privilege user: no CONFIG, as on a managed service.
+    admin.acl_setuser(
+        "throttler",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["tc:*"],
+        commands=[
+            "-@all",
+            "+evalsha",
+            "+script|load",
+            "+ping",
+            "+time",
+            "+get",
+            "+set",
+            "+del",
+            "+pexpire",
+            "+zadd",
+            "+zrem",
+            "+zscore",
+            "+zrangebyscore",
+            "+zrevrangebyscore",
+            "+zremrangebyscore",
+            "+zremrangebyrank",
+        ],
+    )
+    url = f"redis://throttler:pw@127.0.0.1:{own_redis.port}/0"
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        limiter = Limiter(RedisBackend(url), rates=["2/second"])
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    assert eviction_warnings(caplog) == []
+    assert caplog.records == []
+    admin.close()
+
+
+# -- a client the user built ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    """Unix socket, password and db 3 reach the backend's own connections; the user's
+    client keeps its own settings and stays open after the backend is closed."""
+    socket_path = str(tmp_path / "redis.sock")
+    server = started(RedisServer(args=("--unixsocket", socket_path)))
+    admin = redis.Redis(port=server.port)
+    admin.config_set("requirepass", "pw")
+    options: dict[str, Any] = {"unix_socket_path": socket_path, "password": "pw", "db": 3}
+    try:
+        if asynchronous:
+            client: Any = redis.asyncio.Redis(**options)
+            backend: Any = AsyncRedisBackend(client)
+            limiter: Any = AsyncLimiter(backend, rates=["2/second"])
+            allowed = [(await limiter.try_acquire(TOKEN)).allowed for _ in range(3)]
+            await backend.aclose()
+            assert await client.ping()  # still open
+            await client.aclose()
+        else:
+            client = redis.Redis(**options)
+            backend = RedisBackend(client)
+            limiter = Limiter(backend, rates=["2/second"])
+            allowed = [limiter.try_acquire(TOKEN).allowed for _ in range(3)]
+            backend.close()
+            assert client.ping()
+            client.close()
+        assert allowed == [True, True, False]
+        assert client.connection_pool.connection_kwargs.get("socket_timeout") != 1.0
+        db3 = redis.Redis(port=server.port, password="pw", db=3)
+        assert db3.dbsize() == 2  # the log and the meta, in the user's db
+        db3.close()
+    finally:
+        admin.close()
+        server.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from throttle_client import BackendUnavailable, Limiter, RedisBackend
+from throttle_client import BackendUnavailable, Limiter, RedisBackend, ThrottleTimeout
 
 
 def failover_worker(url: str, start: float, duration: float, events: Any) -> None:
@@ -23,4 +23,35 @@ def failover_worker(url: str, start: float, duration: float, events: Any) -> Non
             time.sleep(0.02)
     except Exception as exc:  # reported to the test, which fails on it
         outcomes["error"] = repr(exc)
+    events.put(outcomes)
+
+
+def sentinel_worker(
+    sentinels: list[tuple[str, int]], service: str, rate: str, start: float, duration: float,
+    events: Any,
+) -> None:  # fmt: skip
+    """Acquire through a Sentinel-managed master client, as users build one; report the
+    slots the store handed out, and when calls succeeded or the policy said no."""
+    import redis.sentinel
+
+    outcomes: dict[str, Any] = {"slots": [], "ok": [], "unavailable": []}
+    sentinel = redis.sentinel.Sentinel(sentinels, socket_timeout=0.5)
+    backend = RedisBackend(sentinel.master_for(service))
+    limiter = Limiter(backend, rates=[rate], namespace="sentinel", retry_for=0.2)
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        while time.time() < start + duration:
+            asked = time.time()  # "ok" is when a call was asked, not when its slot came
+            try:
+                decision = limiter.acquire("token", timeout=0.5)
+                outcomes["slots"].append(decision.slot)
+                outcomes["ok"].append(asked)
+            except ThrottleTimeout as exc:
+                time.sleep(min(exc.retry_after, 0.05))
+            except BackendUnavailable:
+                outcomes["unavailable"].append(time.time())
+                time.sleep(0.02)
+    except Exception as exc:  # reported to the test, which fails on it
+        outcomes["error"] = repr(exc)
+    backend.close()
     events.put(outcomes)

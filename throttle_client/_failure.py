@@ -140,9 +140,9 @@ class FailureGuard:
     # -- instead of the store -----------------------------------------------------------
 
     def substitute(self, op: Op[T]) -> Callable[[], T]:
-        """What answers ``op`` instead of the store: raises the last store error where
-        the policy gives no answer (always for reset, and for a read under "allow")."""
-        exc = self.last_error
+        """What answers ``op`` instead of the store: raises BackendUnavailable where the
+        policy gives no answer (always for reset, and for a read under "allow")."""
+        last = self.last_error
         if self.fallback is not None and isinstance(op, (Acquire, Inspect, Pause)):
             assert isinstance(self.on_unavailable, LocalFallback)
             local = cast(
@@ -160,7 +160,10 @@ class FailureGuard:
             return lambda: now + op.duration_us  # type: ignore[return-value]
 
         def unavailable() -> T:
-            raise exc
+            # A fresh exception per call, chained to the driver's last error: re-raising
+            # one shared object from every call and thread would grow its traceback with
+            # each raise (and share it between threads).
+            raise BackendUnavailable(str(last)) from last.__cause__ or last
 
         return unavailable
 

@@ -1,16 +1,19 @@
 """The Redis store: one Lua script (package data) per decision, over redis-py's own clients.
 
 Sync and asyncio backends share everything but the call itself: the script,
-how an operation becomes KEYS/ARGV, how the reply becomes a result, and how
-driver errors become ours. Each call is one EVALSHA; on NOSCRIPT the script is
+how an operation becomes KEYS/ARGV, how the reply becomes a result, how driver
+errors become ours (``_redis_errors``), and the bounded connections the script runs
+over (``_redis_clients``). Each call is one EVALSHA; on NOSCRIPT the script is
 loaded again and the call repeated, so a ``SCRIPT FLUSH``, a restart or a failover
 is invisible to callers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import threading
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -19,44 +22,27 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from ._errors import BackendError, BackendUnavailable
 from ._log import RepairNotice
 from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
+from ._redis_clients import (
+    POOL_SIZE,
+    TaskInFlight,
+    ThreadInFlight,
+    async_copy,
+    async_from_url,
+    check_url,
+    pool_size,
+    sync_copy,
+    sync_from_url,
+    warn_if_evicting,
+)
+from ._redis_errors import DRIVER_ERRORS, translate
 
 T = TypeVar("T")
 
 SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
 SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
-
-# Set on clients built from a URL: a hung store must not hang a worker (DESIGN §5).
-# No retries inside redis-py (its default is ten, with backoff, and each one may wait
-# a whole socket timeout on a hung server): the limiter's own retry is bounded by
-# the call's deadline, and its first retry reconnects a pooled connection that died.
-URL_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 1.0,
-    "socket_timeout": 1.0,
-    "health_check_interval": 15,
-}
-
-
-def url_client_options(*, asyncio: bool) -> dict[str, Any]:
-    retry = (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
-    return {**URL_CLIENT_OPTIONS, "retry": retry}
-
-
-# Errors after which the store may well answer again: the failure policy applies.
-UNAVAILABLE = (
-    rx.ConnectionError,
-    rx.TimeoutError,
-    rx.ClusterDownError,
-    rx.TryAgainError,
-    rx.ReadOnlyError,
-    rx.RedisClusterException,
-)
 
 
 # Every decision of a limiter sends the same keys and policy: both are formatted once
@@ -130,22 +116,6 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     return cast(T, None)
 
 
-def translate(exc: rx.RedisError) -> BackendError:
-    if _misconfigured(exc):
-        # Waiting will not mend a wrong password or CA: never "unavailable", so a
-        # fail-open policy cannot turn a misconfiguration into unthrottled traffic.
-        return BackendError(f"Redis refused this client's configuration: {exc}")
-    if isinstance(exc, UNAVAILABLE):
-        return BackendUnavailable(f"Redis is unavailable: {exc}")
-    return BackendError(f"Redis answered with an error: {exc}")
-
-
-def _misconfigured(exc: rx.RedisError) -> bool:
-    if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError)):
-        return True
-    return isinstance(exc, rx.ConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
-
-
 # A SCRIPT FLUSH can land between our reload of the script and the EVALSHA after
 # it; a few more tries are enough, as each one loads the script again.
 _NOSCRIPT_TRIES = 3
@@ -159,42 +129,84 @@ class RedisBackend:
     """Limits shared through Redis: standalone, Sentinel (a master client) or Cluster.
 
     Give it a redis-py client, or a URL (``redis://``, ``rediss://``, ``unix://``);
-    ``cluster=True`` makes a URL into a ``RedisCluster``.
+    ``cluster=True`` makes a URL into a ``RedisCluster``. The script runs over
+    connections of the backend's own, with bounded timeouts and no hidden retries
+    (see ``_redis_clients``); a standalone or Sentinel client you pass is copied for
+    that, never changed, and stays yours to close.
 
     >>> backend = RedisBackend(redis.Redis.from_url("redis://localhost:6379/0"))
     """
 
     def __init__(self, client: SyncClient | str, *, cluster: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._url: str | None = None
+        self._runner: SyncClient | None = None  # what runs the script
+        self._owned = True  # whether the runner is ours to close
+        self.client: SyncClient | None = None  # the client given, or built from the URL
         if isinstance(client, str):
-            factory = redis.cluster.RedisCluster if cluster else redis.Redis
-            client = factory.from_url(client, **url_client_options(asyncio=False))
+            check_url(client)  # a malformed URL fails here, not at the first call
+            if cluster:
+                # A RedisCluster connects when it is built: build it at the first call
+                # instead, so a Cluster that is down at start-up is an outage like any
+                # other, handled by the limiter's policy.
+                self._url = client
+            else:
+                self.client = self._runner = sync_from_url(client, cluster=False)
         elif isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
             raise TypeError("this is an asyncio Redis client: use AsyncRedisBackend with it")
-        elif not isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
+        elif isinstance(client, redis.Redis):
+            self.client = client
+            self._runner = sync_copy(client)
+            if self._runner is None:
+                self._runner, self._owned = client, False
+        elif isinstance(client, redis.cluster.RedisCluster):
+            self.client = self._runner = client
+            self._owned = False
+        else:
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
-        self.client = client
+        self._in_flight = ThreadInFlight(POOL_SIZE if self._owned else pool_size(self._runner))
         self._repairs = RepairNotice()
+        self._memory_checked = threading.Lock()  # acquired once, by the first call that succeeds
+
+    def _connect(self) -> SyncClient:
+        with self._lock:
+            if self._runner is None:
+                assert self._url is not None
+                self.client = self._runner = sync_from_url(self._url, cluster=True)
+            return self._runner
 
     def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        try:
-            for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-                try:
-                    reply = self.client.evalsha(SHA, len(keys), *keys, *args)
-                    break
-                except rx.NoScriptError:
-                    if not tries_left:
-                        raise
-                    self.client.script_load(SCRIPT)
-        except rx.RedisError as exc:
-            raise translate(exc) from exc
+        with self._in_flight:
+            try:
+                runner = self._runner or self._connect()
+                for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+                    try:
+                        reply = runner.evalsha(SHA, len(keys), *keys, *args)
+                        break
+                    except rx.NoScriptError:
+                        if not tries_left:
+                            raise
+                        runner.script_load(SCRIPT)
+            except DRIVER_ERRORS as exc:
+                raise translate(exc) from exc
+            if self._memory_checked.acquire(blocking=False):
+                # Refused (NOPERM, CONFIG renamed on a managed service): stay silent.
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    warn_if_evicting(runner.config_get("maxmemory*"))
         return decode(op, reply, self._repairs)
 
     def close(self) -> None:
-        self.client.close()
+        """Close the connections the backend opened (a client you passed stays open)."""
+        runner = self._runner
+        if runner is not None and self._owned:
+            runner.close()
+            if isinstance(runner, redis.Redis):
+                runner.connection_pool.disconnect()  # a pool we gave it is not closed with it
 
     def __repr__(self) -> str:
-        return f"RedisBackend({self.client!r})"
+        shown = self.client if self.client is not None else "Cluster URL, connects at first use"
+        return f"RedisBackend({shown!r})"
 
 
 class AsyncRedisBackend:
@@ -204,35 +216,56 @@ class AsyncRedisBackend:
     """
 
     def __init__(self, client: AsyncClient | str, *, cluster: bool = False) -> None:
+        self._owned = True
+        self._runner: AsyncClient
         if isinstance(client, str):
-            factory = redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis
-            client = factory.from_url(client, **url_client_options(asyncio=True))
+            check_url(client)
+            # An asyncio RedisCluster only connects at its first command.
+            self._runner = async_from_url(client, cluster=cluster)
+            self.client: AsyncClient = self._runner
         elif isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
             raise TypeError("this is a sync Redis client: use RedisBackend with it")
-        elif not isinstance(client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)):
+        elif isinstance(client, redis.asyncio.Redis):
+            self.client = client
+            copy = async_copy(client)
+            self._runner, self._owned = (client, False) if copy is None else (copy, True)
+        elif isinstance(client, redis.asyncio.cluster.RedisCluster):
+            self.client = self._runner = client
+            self._owned = False
+        else:
             raise TypeError(
                 f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
             )
-        self.client = client
+        self._in_flight = TaskInFlight(POOL_SIZE if self._owned else pool_size(self._runner))
         self._repairs = RepairNotice()
+        self._memory_checked = threading.Lock()
 
     async def execute(self, op: Op[T]) -> T:
         keys, args = encode(op)
-        try:
-            for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-                try:
-                    reply = await self.client.evalsha(SHA, len(keys), *keys, *args)
-                    break
-                except rx.NoScriptError:
-                    if not tries_left:
-                        raise
-                    await self.client.script_load(SCRIPT)
-        except rx.RedisError as exc:
-            raise translate(exc) from exc
+        runner = self._runner
+        async with self._in_flight:
+            try:
+                for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+                    try:
+                        reply = await runner.evalsha(SHA, len(keys), *keys, *args)
+                        break
+                    except rx.NoScriptError:
+                        if not tries_left:
+                            raise
+                        await runner.script_load(SCRIPT)
+            except DRIVER_ERRORS as exc:
+                raise translate(exc) from exc
+            if self._memory_checked.acquire(blocking=False):
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    warn_if_evicting(await runner.config_get("maxmemory*"))
         return decode(op, reply, self._repairs)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        """Close the connections the backend opened (a client you passed stays open)."""
+        if self._owned:
+            await self._runner.aclose()
+            if isinstance(self._runner, redis.asyncio.Redis):
+                await self._runner.connection_pool.disconnect()
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"

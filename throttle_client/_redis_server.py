@@ -77,11 +77,17 @@ class RedisServer:
     """
 
     def __init__(
-        self, port: int | None = None, *, args: tuple[str, ...] = (), binary: str | None = None
+        self,
+        port: int | None = None,
+        *,
+        args: tuple[str, ...] = (),
+        binary: str | None = None,
+        config: str = "",
     ) -> None:
         self.binary = binary or find_binary("redis-server")
         self.port = port or free_port(with_bus="--cluster-enabled" in args)
         self.args = args
+        self.config = config  # a config file's text, for what has no command-line form
         self.dir = Path(tempfile.mkdtemp(prefix=f"throttle-redis-{self.port}-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -90,8 +96,14 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        config = []
+        if self.config:
+            # Written anew at each start: a sentinel rewrites its own file as it learns.
+            (self.dir / "redis.conf").write_text(self.config)
+            config = [str(self.dir / "redis.conf")]
         command = [
             self.binary,
+            *config,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -223,6 +235,114 @@ class RedisClusterServers:
             node.close()
 
     def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RedisSentinelServers:
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinels (redis-server in
+    sentinel mode) watching it as ``service``, with short timeouts so that a failover
+    takes a few seconds.
+
+    >>> with RedisSentinelServers() as servers:
+    ...     sentinel = redis.sentinel.Sentinel(servers.sentinel_addresses)
+    ...     client = sentinel.master_for(servers.service)
+    """
+
+    def __init__(
+        self,
+        replicas: int = 1,
+        sentinels: int = 3,
+        *,
+        service: str = "throttle",
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+    ) -> None:
+        self.service = service
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.master = RedisServer(binary=binary)
+        self.replicas = [
+            RedisServer(binary=binary, args=("--replicaof", "127.0.0.1", str(self.master.port)))
+            for _ in range(replicas)
+        ]
+        self.sentinels = [RedisServer(binary=binary) for _ in range(sentinels)]
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", sentinel.port) for sentinel in self.sentinels]
+
+    @property
+    def data_nodes(self) -> list[RedisServer]:
+        return [self.master, *self.replicas]
+
+    def start(self, timeout: float = 30.0) -> RedisSentinelServers:
+        try:
+            self.master.start()
+            for replica in self.replicas:
+                replica.start()
+            quorum = len(self.sentinels) // 2 + 1
+            for sentinel in self.sentinels:
+                # redis-server in sentinel mode (no redis-sentinel binary needed); a
+                # sentinel needs a config file of its own, which it rewrites.
+                sentinel.config = (
+                    f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} {quorum}\n"
+                    f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+                    f"sentinel parallel-syncs {self.service} 1\n"
+                )
+                sentinel.args = ("--sentinel",)
+                sentinel.start()
+            self._wait_until_watched(timeout)
+        except RedisUnavailableError as exc:
+            self.close()
+            raise RedisUnavailableError(f"could not start Redis Sentinel servers: {exc}") from exc
+        return self
+
+    def _wait_until_watched(self, timeout: float) -> None:
+        """Until every sentinel knows the master, every replica and the other sentinels."""
+        cli = find_binary("redis-cli")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = 0
+            for sentinel in self.sentinels:
+                with contextlib.suppress(subprocess.SubprocessError):
+                    out = subprocess.run(
+                        [cli, "-p", str(sentinel.port), "sentinel", "master", self.service],
+                        capture_output=True, timeout=2, text=True,
+                    ).stdout.split()  # fmt: skip
+                    info = dict(zip(out[::2], out[1::2], strict=False))
+                    ready += (
+                        info.get("num-slaves") == str(len(self.replicas))
+                        and info.get("num-other-sentinels") == str(len(self.sentinels) - 1)
+                        and info.get("flags") == "master"
+                    )
+            if ready == len(self.sentinels):
+                return
+            time.sleep(0.1)
+        raise RedisUnavailableError("the sentinels did not all see the master and each other")
+
+    def master_port(self) -> int:
+        """The port of the master the sentinels name now."""
+        cli = find_binary("redis-cli")
+        for sentinel in self.sentinels:
+            with contextlib.suppress(subprocess.SubprocessError, ValueError):
+                out = subprocess.run(
+                    [cli, "-p", str(sentinel.port), "sentinel", "get-master-addr-by-name",
+                     self.service],
+                    capture_output=True, timeout=2, text=True,
+                ).stdout.split()  # fmt: skip
+                return int(out[1])
+        raise RedisUnavailableError("no sentinel answered")
+
+    def close(self) -> None:
+        for server in (*self.sentinels, *self.replicas, self.master):
+            server.close()
+
+    def __enter__(self) -> RedisSentinelServers:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

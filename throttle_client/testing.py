@@ -11,13 +11,19 @@ from __future__ import annotations
 import asyncio
 
 from ._memory import MemoryBackend
-from ._redis_server import RedisClusterServers, RedisServer, RedisUnavailableError
+from ._redis_server import (
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    RedisUnavailableError,
+)
 from ._upstream import StrictUpstream
 
 __all__ = [
     "FakeClock",
     "MemoryBackend",
     "RedisClusterServers",
+    "RedisSentinelServers",
     "RedisServer",
     "RedisUnavailableError",
     "StrictUpstream",
