@@ -24,12 +24,14 @@ def clock():
 
 @pytest.fixture
 def limiter(clock):
-    return Limiter(MemoryBackend(), rates="2/second", clock=clock, sleep=clock.sleep)
+    return Limiter(MemoryBackend(), rates="2/second", margin=0, clock=clock, sleep=clock.sleep)
 
 
 @pytest.fixture
 def async_limiter(clock):
-    return AsyncLimiter(MemoryBackend(), rates="2/second", clock=clock, sleep=clock.asleep)
+    return AsyncLimiter(
+        MemoryBackend(), rates="2/second", margin=0, clock=clock, sleep=clock.asleep
+    )
 
 
 def test_waits_for_the_slot_of_the_named_argument(limiter, clock):

@@ -36,6 +36,8 @@ PERIODS = st.one_of(
 )
 RATES = st.lists(st.tuples(st.integers(1, 5), PERIODS), min_size=1, max_size=3)
 GAPS = st.one_of(st.sampled_from([0, 0, 1, 100_000, 333_333]), st.integers(0, 600_000))
+# Microseconds of margin: none, the smallest, and a typical one.
+MARGINS = st.sampled_from([0, 1, 25_000])
 STEPS = st.one_of(st.sampled_from([0, 1, 999_999, 1_000_000]), st.integers(0, 2_500_000))
 
 _namespaces = itertools.count()
@@ -65,14 +67,19 @@ class Agreement(RuleBasedStateMachine):
         self.redis = redis
         self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
 
-    @initialize(rates=RATES, gap=GAPS)
-    def build(self, rates: list[tuple[int, int]], gap: int) -> None:
-        self.model = Model(rates, gap)
+    @initialize(rates=RATES, gap=GAPS, margin=MARGINS)
+    def build(self, rates: list[tuple[int, int]], gap: int, margin: int) -> None:
+        # The limiter's margin widens every window and a non-zero gap: the model is
+        # given the widened ones, so both sides must agree on exactly that arithmetic.
+        self.model = Model(
+            [(limit, period + margin) for limit, period in rates], gap and gap + margin
+        )
         self.clock = IntClock()
         self.min_limit = min(limit for limit, _ in rates)
         options: dict[str, Any] = {
             "rates": [Rate(limit, period / US) for limit, period in rates],
             "min_interval": gap / US,
+            "margin": margin / US,
             "clock": self.clock,
             "sleep": no_sleep,
         }

@@ -137,7 +137,12 @@ class Run:
     def __init__(self, backend: Any, rates: list[Rate] = RATES, gap: float = GAP) -> None:
         self.clock = FakeClock()
         self.limiter = Limiter(
-            backend, rates=rates, min_interval=gap, clock=self.clock, sleep=self.clock.sleep
+            backend,
+            rates=rates,
+            min_interval=gap,
+            margin=0,
+            clock=self.clock,
+            sleep=self.clock.sleep,
         )
         self.key = self.limiter._key(TOKEN)
         self.model = Model([(r.limit, us(r.period)) for r in rates], us(gap))
@@ -341,7 +346,7 @@ def test_two_clocks_apart_never_let_the_log_expire_first(redis_url: str) -> None
     store = RedisStore(redis_url, cluster=False)
     ahead, behind = FakeClock(1_700_000_010.0), FakeClock(1_700_000_000.0)
     limiters = [
-        Limiter(store.backend, rates=["5/0.05 seconds"], clock=clock, sleep=clock.sleep)
+        Limiter(store.backend, rates=["5/0.05 seconds"], margin=0, clock=clock, sleep=clock.sleep)
         for clock in (ahead, behind)
     ]
     log, meta = store_keys(limiters[0]._key(TOKEN))
@@ -363,7 +368,9 @@ async def test_a_lost_log_is_repaired_for_the_async_client(
     store.drop(run.key, "log")
     backend = AsyncRedisBackend(redis_url)
     clock = run.clock
-    limiter = AsyncLimiter(backend, rates=RATES, min_interval=GAP, clock=clock, sleep=clock.asleep)
+    limiter = AsyncLimiter(
+        backend, rates=RATES, min_interval=GAP, margin=0, clock=clock, sleep=clock.asleep
+    )
     slot = us((await limiter.acquire(TOKEN)).slot)
     await backend.aclose()
     store.close()

@@ -90,7 +90,9 @@ def exercise(limiter: Limiter, key: str) -> None:
 
 
 def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.Redis) -> None:
-    limiter = Limiter(backend, rates=["3/second", "10/minute"], min_interval=0.01, namespace="ig")
+    limiter = Limiter(
+        backend, margin=0, rates=["3/second", "10/minute"], min_interval=0.01, namespace="ig"
+    )
     exercise(limiter, TOKEN)
     stored = everything_stored(client)
     assert len(keys_of(client)) == 2 and stored
@@ -102,7 +104,7 @@ def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.
 def test_the_token_is_not_in_any_command_sent(
     redis_url: str, backend: RedisBackend, client: redis.Redis
 ) -> None:
-    limiter = Limiter(backend, rates=["3/second"], namespace="ig")
+    limiter = Limiter(backend, margin=0, rates=["3/second"], namespace="ig")
     monitor_client = redis.Redis.from_url(redis_url, decode_responses=True)
     commands: list[str] = []
     with monitor_client.monitor() as monitor:  # MONITOR is on before the calls are made
@@ -131,7 +133,7 @@ def test_the_token_is_not_in_any_command_sent(
 
 
 def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis) -> None:
-    limiter = Limiter(backend, rates=["3/second", "5/10 seconds"], clock=FakeClock())
+    limiter = Limiter(backend, margin=0, rates=["3/second", "5/10 seconds"], clock=FakeClock())
     limiter.acquire(TOKEN)
     keys = keys_of(client)
     assert len(keys) == 2
@@ -144,7 +146,7 @@ def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis)
 
 
 def test_reads_and_refusals_create_nothing(backend: RedisBackend, client: redis.Redis) -> None:
-    limiter = Limiter(backend, rates=["1/minute"], clock=FakeClock())
+    limiter = Limiter(backend, margin=0, rates=["1/minute"], clock=FakeClock())
     limiter.usage(TOKEN)
     limiter.reset(TOKEN)
     assert client.dbsize() == 0
@@ -159,7 +161,7 @@ def test_reads_and_refusals_create_nothing(backend: RedisBackend, client: redis.
 
 def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Redis) -> None:
     """Server time, a 50 ms window: the keys must be gone about a second later."""
-    limiter = Limiter(backend, rates=["5/0.05 seconds"], min_interval=0.001)
+    limiter = Limiter(backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001)
     limiter.acquire(TOKEN)
     assert client.dbsize() == 2
     deadline = time.monotonic() + 10
@@ -170,7 +172,9 @@ def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Red
 
 def test_the_log_is_trimmed_to_about_the_limit(backend: RedisBackend, client: redis.Redis) -> None:
     clock = FakeClock()
-    limiter = Limiter(backend, rates=["5/second", "20/10 seconds"], clock=clock, sleep=clock.sleep)
+    limiter = Limiter(
+        backend, margin=0, rates=["5/second", "20/10 seconds"], clock=clock, sleep=clock.sleep
+    )
     for _ in range(200):  # 10x the longest limit, over many windows
         limiter.acquire(TOKEN)
     log = store_keys(limiter._key(TOKEN))[0]
@@ -189,7 +193,7 @@ def test_the_log_is_trimmed_to_about_the_limit(backend: RedisBackend, client: re
 def test_two_calls_in_the_same_microsecond_are_two_entries(
     backend: RedisBackend, client: redis.Redis
 ) -> None:
-    limiter = Limiter(backend, rates=["5/second"], clock=FakeClock())
+    limiter = Limiter(backend, margin=0, rates=["5/second"], clock=FakeClock())
     first, second = limiter.try_acquire(TOKEN), limiter.try_acquire(TOKEN)
     assert us(first.slot) == us(second.slot)
     log = store_keys(limiter._key(TOKEN))[0]
@@ -203,21 +207,21 @@ def test_two_calls_in_the_same_microsecond_are_two_entries(
 def test_the_same_call_twice_books_once(backend: RedisBackend, client: redis.Redis) -> None:
     """What a driver retry after a lost reply does: the same Acquire, same call id."""
     clock = FakeClock()
-    limiter = Limiter(backend, rates=["5/second"], min_interval=0.1, clock=clock)
-    op = limiter._acquire_op(TOKEN, 3, -1)
+    limiter = Limiter(backend, margin=0, rates=["5/second"], min_interval=0.1, clock=clock)
+    op = limiter._acquire_op(TOKEN, 3, -1, clock())
     first = backend.execute(op)
     again = backend.execute(op)
     assert first.allowed and again.allowed and first.slot_us == again.slot_us
     assert again.remaining == first.remaining == (2,)
     assert limiter.usage(TOKEN).rates[0].used == 3
     assert client.zcard(store_keys(op.key)[0]) == 2  # one entry: its slot and its call id
-    fresh = limiter._acquire_op(TOKEN, 1, -1)  # a new call is a new entry
+    fresh = limiter._acquire_op(TOKEN, 1, -1, clock())  # a new call is a new entry
     assert backend.execute(fresh).slot_us == first.slot_us + 100_000
 
 
 def test_script_flush_is_invisible(backend: RedisBackend, client: redis.Redis) -> None:
     clock = FakeClock()
-    limiter = Limiter(backend, rates=["2/second"], clock=clock)
+    limiter = Limiter(backend, margin=0, rates=["2/second"], clock=clock)
     assert limiter.try_acquire(TOKEN)
     client.script_flush()
     assert limiter.try_acquire(TOKEN)
@@ -228,7 +232,7 @@ def test_script_flush_is_invisible(backend: RedisBackend, client: redis.Redis) -
 def test_the_server_clock_decides_without_an_injected_clock(
     backend: RedisBackend, client: redis.Redis
 ) -> None:
-    limiter = Limiter(backend, rates=["1/minute"])
+    limiter = Limiter(backend, margin=0, rates=["1/minute"])
     seconds, micros = client.time()
     decision = limiter.try_acquire(TOKEN)
     assert abs(decision.slot - (seconds + micros / US)) < 5
@@ -248,7 +252,9 @@ def test_the_server_clock_decides_without_an_injected_clock(
 def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
     backend: RedisBackend, client: redis.Redis, which: int, junk: str, error: str
 ) -> None:
-    limiter = Limiter(backend, rates=["5/second"], clock=FakeClock(), on_unavailable="allow")
+    limiter = Limiter(
+        backend, margin=0, rates=["5/second"], clock=FakeClock(), on_unavailable="allow"
+    )
     key = store_keys(limiter._key(TOKEN))[which]
     if junk == "string":
         client.set(key, "not a log")
@@ -272,7 +278,7 @@ def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
 def test_one_tokens_keys_share_one_cluster_slot(cluster_url: str) -> None:
     backend = RedisBackend(cluster_url, cluster=True)
     cluster = redis.cluster.RedisCluster.from_url(cluster_url, decode_responses=True)
-    limiter = Limiter(backend, rates=["3/second"], clock=FakeClock())
+    limiter = Limiter(backend, margin=0, rates=["3/second"], clock=FakeClock())
     slots_used = set()
     for n in range(12):
         token = f"{TOKEN}-{n}"
@@ -334,6 +340,7 @@ def test_each_redis_version_follows_the_semantics(each_redis: RedisServer) -> No
     clock = FakeClock()
     limiter = Limiter(
         RedisBackend(client),
+        margin=0,
         rates=["2/second", "3/minute"],
         min_interval=0.1,
         clock=clock,
@@ -359,7 +366,7 @@ def test_each_redis_version_with_its_own_time(each_redis: RedisServer) -> None:
     """TIME followed by writes: Redis 6.2 needs the script's replicate_commands()."""
     client = redis.Redis.from_url(each_redis.url)
     client.flushall()
-    limiter = Limiter(RedisBackend(client), rates=["1/minute"])
+    limiter = Limiter(RedisBackend(client), margin=0, rates=["1/minute"])
     assert limiter.try_acquire(TOKEN)
     assert 55 < limiter.try_acquire(TOKEN).retry_after <= 60
     assert all(client.pttl(key) > 0 for key in keys_of(client))
@@ -374,7 +381,7 @@ def test_each_redis_version_repairs_partial_state(
     client.flushall()
     clock = FakeClock()
     backend = RedisBackend(client)
-    limiter = Limiter(backend, rates=["2/second"], clock=clock, sleep=clock.sleep)
+    limiter = Limiter(backend, margin=0, rates=["2/second"], clock=clock, sleep=clock.sleep)
     limiter.acquire(TOKEN)
     limiter.acquire(TOKEN)
     log, meta = store_keys(limiter._key(TOKEN))
@@ -403,11 +410,11 @@ async def test_a_policy_that_can_evict_the_logs_is_warned_of_once(
     server = started(RedisServer(args=("--maxmemory", "100mb", "--maxmemory-policy", policy)))
     try:
         with caplog.at_level(logging.WARNING, logger="throttle_client"):
-            limiter = Limiter(RedisBackend(server.url), rates=["100/second"])
+            limiter = Limiter(RedisBackend(server.url), margin=0, rates=["100/second"])
             for _ in range(3):
                 limiter.try_acquire(TOKEN)
             async_backend = AsyncRedisBackend(server.url)
-            async_limiter = AsyncLimiter(async_backend, rates=["100/second"])
+            async_limiter = AsyncLimiter(async_backend, margin=0, rates=["100/second"])
             for _ in range(3):
                 await async_limiter.try_acquire(TOKEN)
             await async_backend.aclose()
@@ -452,7 +459,7 @@ def test_a_refused_config_get_is_ignored_silently(
     )
     url = f"redis://throttler:pw@127.0.0.1:{own_redis.port}/0"
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
-        limiter = Limiter(RedisBackend(url), rates=["2/second"])
+        limiter = Limiter(RedisBackend(url), margin=0, rates=["2/second"])
         assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
     assert eviction_warnings(caplog) == []
     assert caplog.records == []
@@ -477,7 +484,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         if asynchronous:
             client: Any = redis.asyncio.Redis(**options)
             backend: Any = AsyncRedisBackend(client)
-            limiter: Any = AsyncLimiter(backend, rates=["2/second"])
+            limiter: Any = AsyncLimiter(backend, margin=0, rates=["2/second"])
             allowed = [(await limiter.try_acquire(TOKEN)).allowed for _ in range(3)]
             await backend.aclose()
             assert await client.ping()  # still open
@@ -485,7 +492,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         else:
             client = redis.Redis(**options)
             backend = RedisBackend(client)
-            limiter = Limiter(backend, rates=["2/second"])
+            limiter = Limiter(backend, margin=0, rates=["2/second"])
             allowed = [limiter.try_acquire(TOKEN).allowed for _ in range(3)]
             backend.close()
             assert client.ping()

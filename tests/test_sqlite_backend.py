@@ -43,7 +43,7 @@ US = 1_000_000
 
 
 def limiter_on(path: Path, clock: FakeClock, **kwargs: object) -> Limiter:
-    return Limiter(SQLiteBackend(path), clock=clock, sleep=clock.sleep, **kwargs)  # type: ignore[arg-type]
+    return Limiter(SQLiteBackend(path), margin=0, clock=clock, sleep=clock.sleep, **kwargs)  # type: ignore[arg-type]
 
 
 def test_every_lookup_is_an_index_search(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_expired_keys_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_sqlite, "_SWEEP_EVERY", 10)
     clock = FakeClock()
     backend = SQLiteBackend(tmp_path / "l.db")
-    limiter = Limiter(backend, rates=["5/second"], clock=clock, sleep=clock.sleep)
+    limiter = Limiter(backend, margin=0, rates=["5/second"], clock=clock, sleep=clock.sleep)
     for n in range(8):
         limiter.try_acquire(f"idle-{n}")
     assert len(backend) == 8
@@ -97,7 +97,10 @@ def test_an_expired_key_starts_afresh_when_used(tmp_path: Path) -> None:
 def test_usage_reads_without_waiting_for_the_write_lock(tmp_path: Path) -> None:
     clock = FakeClock()
     limiter = Limiter(
-        SQLiteBackend(tmp_path / "l.db", busy_timeout=0.05), rates=["2/second"], clock=clock
+        SQLiteBackend(tmp_path / "l.db", busy_timeout=0.05),
+        margin=0,
+        rates=["2/second"],
+        clock=clock,
     )
     limiter.try_acquire(TOKEN)
     limiter.pause("paused", 2)
@@ -137,17 +140,25 @@ def test_two_backends_on_one_file_share_the_log(tmp_path: Path) -> None:
 def test_host_clock_is_used_without_an_injected_one(tmp_path: Path) -> None:
     slept: list[float] = []
     limiter = Limiter(
-        SQLiteBackend(tmp_path / "l.db"), rates=["100/second"], min_interval=30, sleep=slept.append
+        SQLiteBackend(tmp_path / "l.db"),
+        margin=0,
+        rates=["100/second"],
+        min_interval=30,
+        sleep=slept.append,
     )
     first = limiter.acquire(TOKEN)
     second = limiter.acquire(TOKEN)
     assert second.slot - first.slot == pytest.approx(30)
-    assert 29 < slept[0] <= 30
+    # It wakes on the store's clock, never before the slot: a few ms after it at most (what
+    # is known of the host's clock beside its own, aged over the 30 s sleep).
+    assert 29 < slept[0] <= 30.05
 
 
 def test_threads_get_distinct_spaced_slots(tmp_path: Path) -> None:
     backend = SQLiteBackend(tmp_path / "l.db")
-    limiter = Limiter(backend, rates=["1000/second"], min_interval=0.5, sleep=lambda s: None)
+    limiter = Limiter(
+        backend, margin=0, rates=["1000/second"], min_interval=0.5, sleep=lambda s: None
+    )
     slots: list[float] = []
 
     def worker() -> None:
@@ -166,7 +177,9 @@ def test_threads_get_distinct_spaced_slots(tmp_path: Path) -> None:
 
 
 def _book_in_child(backend: SQLiteBackend, queue: multiprocessing.Queue[float]) -> None:
-    limiter = Limiter(backend, rates=["1000/second"], min_interval=60, sleep=lambda s: None)
+    limiter = Limiter(
+        backend, margin=0, rates=["1000/second"], min_interval=60, sleep=lambda s: None
+    )
     queue.put(limiter.acquire(TOKEN).slot)
 
 
@@ -176,7 +189,9 @@ def test_processes_share_one_file(tmp_path: Path, method: str) -> None:
     """A backend built before a fork (or pickled for spawn) works in the child, on its own
     connection, and the parent sees what the child booked."""
     backend = SQLiteBackend(tmp_path / "l.db")
-    limiter = Limiter(backend, rates=["1000/second"], min_interval=60, sleep=lambda s: None)
+    limiter = Limiter(
+        backend, margin=0, rates=["1000/second"], min_interval=60, sleep=lambda s: None
+    )
     first = limiter.acquire(TOKEN).slot
     context = multiprocessing.get_context(method)
     queue: multiprocessing.Queue[float] = context.Queue()
@@ -198,7 +213,11 @@ def test_pickle_reopens_the_same_file(tmp_path: Path) -> None:
 async def test_async_limiter_runs_it_in_threads(tmp_path: Path) -> None:
     clock = FakeClock()
     limiter = AsyncLimiter(
-        SQLiteBackend(tmp_path / "l.db"), rates=["2/second"], clock=clock, sleep=clock.asleep
+        SQLiteBackend(tmp_path / "l.db"),
+        margin=0,
+        rates=["2/second"],
+        clock=clock,
+        sleep=clock.asleep,
     )
     assert repr(limiter.backend).startswith("ThreadedAsync(SQLiteBackend(")
     await limiter.acquire(TOKEN)
@@ -264,7 +283,7 @@ def test_a_path_that_becomes_unusable_is_never_failed_open(tmp_path: Path, how: 
     path = tmp_path / "store" / "l.db"
     path.parent.mkdir()
     backend = SQLiteBackend(path)
-    limiter = Limiter(backend, rates=["5/second"], on_unavailable="allow", retry_for=0)
+    limiter = Limiter(backend, margin=0, rates=["5/second"], on_unavailable="allow", retry_for=0)
     assert limiter.try_acquire(TOKEN)
     backend.close()  # the next operation opens the file again, as a new process would
     with made_unusable(path, how):
@@ -279,7 +298,7 @@ def test_a_full_disk_is_an_outage(tmp_path: Path) -> None:
     """SQLITE_FULL passes without a change of configuration (space is freed, logs
     rotate): the failure policy applies, as for a lock held past the busy timeout."""
     backend = SQLiteBackend(tmp_path / "l.db")
-    limiter = Limiter(backend, rates=["1000/second"], retry_for=0)
+    limiter = Limiter(backend, margin=0, rates=["1000/second"], retry_for=0)
     db = backend._connection().db
     pages = db.execute("PRAGMA page_count").fetchone()[0]
     db.execute(f"PRAGMA max_page_count = {pages}")  # this connection's file is now "full"
@@ -297,7 +316,7 @@ def test_paths_that_share_nothing_are_refused(path: str) -> None:
 
 def test_a_locked_file_becomes_backend_unavailable(tmp_path: Path) -> None:
     backend = SQLiteBackend(tmp_path / "l.db", busy_timeout=0.05)
-    limiter = Limiter(backend, rates=["2/second"])
+    limiter = Limiter(backend, margin=0, rates=["2/second"])
     blocker = sqlite3.connect(tmp_path / "l.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     try:
@@ -309,7 +328,7 @@ def test_a_locked_file_becomes_backend_unavailable(tmp_path: Path) -> None:
         blocker.execute("ROLLBACK")
     # Once the lock is gone the file works again (a fresh limiter: the one above leaves a
     # failed store alone for a moment, by its failure policy).
-    assert Limiter(backend, rates=["2/second"]).try_acquire(TOKEN)
+    assert Limiter(backend, margin=0, rates=["2/second"]).try_acquire(TOKEN)
     assert os.path.exists(tmp_path / "l.db-wal")  # WAL mode
 
 

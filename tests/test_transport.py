@@ -110,8 +110,8 @@ class World:
     def limiter(self, rates: Any = "10/second", **kwargs: Any) -> Any:
         kwargs.setdefault("clock", self.clock)
         if self.mode == "sync":
-            return Limiter(MemoryBackend(), rates=rates, sleep=self._sleep, **kwargs)
-        return AsyncLimiter(MemoryBackend(), rates=rates, sleep=self._asleep, **kwargs)
+            return Limiter(MemoryBackend(), rates=rates, margin=0, sleep=self._sleep, **kwargs)
+        return AsyncLimiter(MemoryBackend(), rates=rates, margin=0, sleep=self._asleep, **kwargs)
 
     def run(self, value: Any) -> Any:
         return self.loop.run_until_complete(value) if asyncio.iscoroutine(value) else value

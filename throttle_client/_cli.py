@@ -157,9 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds(0, inclusive=True),
         default=_demo.DEFAULT_TOLERANCE,
         metavar="SECONDS",
-        help="how early an arrival the upstream forgives (default %(default)s): a "
-        "request reaches it a little after its slot, by a delay that varies, so "
-        "two slots exactly min-interval apart can arrive slightly closer",
+        help="how early an arrival the upstream forgives (default %(default)s: none, "
+        "as a provider counts)",
+    )
+    demo.add_argument(
+        "--margin",
+        type=_seconds(0, inclusive=True),
+        default=_demo.DEFAULT_MARGIN,
+        metavar="SECONDS",
+        help="the limiters' margin: how much after its slot a request may arrive "
+        "(default %(default)s)",
     )
     demo.add_argument(
         "--redis",
@@ -323,6 +330,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         duration=args.duration,
         rates=tuple(args.rate) if args.rate else _demo.DemoConfig.rates,
         min_interval=args.min_interval,
+        margin=args.margin,
         tolerance=args.tolerance,
         redis_url=args.redis,
     )

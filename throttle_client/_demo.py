@@ -15,11 +15,11 @@ How the run is judged:
   computed with the library's own algorithm on a fake clock), summed over tokens;
 - the most calls the upstream saw in any window, against the limit.
 
-The upstream forgives an arrival that is early by at most ``tolerance`` seconds:
-a request reaches it a little after its slot, by a delay (scheduling, the HTTP
-round trip) that varies from request to request, so two requests whose slots are
-exactly ``min_interval`` apart can arrive a little closer. The limiter itself
-keeps the exact quota; the slots are checked against it with no tolerance.
+The upstream judges arrivals exactly, as a provider does (``--tolerance`` can make it
+forgive arrivals that are early by that much). A request reaches it a little after
+its slot, by a delay (scheduling, the HTTP round trip) that varies from request to
+request; the limiters' ``margin`` widens their windows and gap by enough to absorb
+that, and a crawler that wakes later than its slot + margin books a new slot.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 
 from ._errors import ThrottleTimeout
+from ._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
 from ._limiter import Limiter
 from ._memory import MemoryBackend
 from ._ops import Backend
@@ -58,9 +59,8 @@ from .testing import FakeClock
 # scaled down so that both windows bind within a few seconds.
 DEFAULT_RATES = ("10/second", "80/10 seconds")
 DEFAULT_MIN_INTERVAL = 0.05
-# Well above the few ms a request usually takes from its slot to the upstream, well below
-# the minimum interval: the upstream still refuses two arrivals closer than 25 ms.
-DEFAULT_TOLERANCE = 0.025
+# The upstream counts arrivals with no forgiveness: the limiters' margin absorbs the delay.
+DEFAULT_TOLERANCE = 0.0
 DEFAULT_DURATION = 10.0
 DEFAULT_WORKERS = 4
 DEFAULT_TOKENS = 2
@@ -77,6 +77,7 @@ class DemoConfig:
     duration: float = DEFAULT_DURATION
     rates: tuple[Rate, ...] = tuple(Rate.parse(r) for r in DEFAULT_RATES)
     min_interval: float = DEFAULT_MIN_INTERVAL
+    margin: float = DEFAULT_MARGIN
     tolerance: float = DEFAULT_TOLERANCE
     redis_url: str | None = None
 
@@ -106,6 +107,7 @@ class _CrawlPlan:
     namespace: str
     rates: tuple[Rate, ...]
     min_interval: float
+    margin: float
     duration: float
     upstream_url: str
     tokens: tuple[tuple[int, str], ...]  # (token number, token) this crawler fetches for
@@ -130,9 +132,10 @@ class _WatchedLimiter(Limiter):
     slots: dict[int, list[float]]
     deadline = math.inf
 
-    def acquire(self, key: str, cost: int = 1, timeout: Any = None) -> Decision:
+    def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
+        """What ThrottledTransport calls before each request."""
         if key not in self.numbers:
-            return super().acquire(key, cost, timeout)  # a warm-up request
+            return super()._acquire_to_send(key, cost, timeout)  # a warm-up request
         # A slot past the end would stretch the run: with 1/second, two crawlers of one
         # token and --duration 0.5, the second would book 1 s, the first then 2 s.
         left = max(0.0, self.deadline - time.monotonic())
@@ -141,7 +144,7 @@ class _WatchedLimiter(Limiter):
         with self.counters.get_lock():
             self.counters[base + _WAITING] += 1
         try:
-            decision = super().acquire(key, cost, timeout)
+            decision = super()._acquire_to_send(key, cost, timeout)
         finally:
             with self.counters.get_lock():
                 self.counters[base + _WAITING] -= 1
@@ -184,6 +187,7 @@ def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
             plan.store.open(),
             rates=plan.rates,
             min_interval=plan.min_interval,
+            margin=plan.margin,
             namespace=plan.namespace,
         )
         limiter.counters = counters
@@ -273,6 +277,7 @@ def most_calls(rates: Sequence[Rate], min_interval: float, span: float) -> int:
         MemoryBackend(clock=clock),
         rates=list(rates),
         min_interval=min_interval,
+        margin=0,  # the quota exactly as the upstream counts it
         clock=clock,
         sleep=clock.advance,
     )
@@ -347,6 +352,7 @@ def judge(
         "elapsed": round(elapsed, 3),
         "rates": [str(rate) for rate in config.rates],
         "min_interval": config.min_interval,
+        "margin": config.margin,
         "tolerance": config.tolerance,
         "store": "redis" if config.redis_url else "sqlite",
     }
@@ -430,6 +436,7 @@ def run_demo(config: DemoConfig, *, watch: Callable[[DemoRun], None] | None = No
                     namespace=namespace,
                     rates=config.rates,
                     min_interval=config.min_interval,
+                    margin=config.margin,
                     duration=config.duration,
                     upstream_url=url,
                     tokens=tuple((n, tokens[n]) for n in numbers),
@@ -570,10 +577,15 @@ def summary_text(summary: dict[str, Any], errors: Sequence[str]) -> str:
         f"                       by arrival: {by_arrival}",
         f"  closest two calls    {closest}",
         "",
-        "  The limiter hands out slots within the exact quota (the 'by slot' figures). The",
-        "  upstream judges each request by its arrival and forgives one that is up to",
-        f"  {summary['tolerance']:g} s early: a request reaches it a little after its slot, by a "
-        "delay that varies.",
+        "  The limiter hands out slots within the exact quota (the 'by slot' figures), its",
+        f"  windows and gap widened by margin={summary['margin']:g} s: a request reaches the "
+        "upstream a",
+        "  little after its slot, by a delay that varies, and the upstream counts arrivals"
+        + (
+            f" (forgiving one up to {summary['tolerance']:g} s early)."
+            if summary["tolerance"]
+            else ", exactly."
+        ),
     ]
     lines += [f"  error: {error.splitlines()[-1]}" for error in errors]
     if summary["rejected"] == 0 and not errors:

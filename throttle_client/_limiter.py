@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import inspect
+import logging
 import math
 import os
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -38,9 +42,15 @@ from ._ops import (
 from ._ranges import MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, RateUsage, Usage
+from ._store_clock import DRIFT, StoreClock
 
 T = TypeVar("T")
 US = 1_000_000
+log = logging.getLogger("throttle_client")
+
+# How much later than its slot a request may leave, by default (seconds): see ``margin``
+# in Limiter and the measurements behind this number in benchmarks/README.md.
+DEFAULT_MARGIN = 0.025
 
 
 def _seconds(us: int) -> float:
@@ -61,6 +71,20 @@ def _call_id() -> str:
     return base64.urlsafe_b64encode(_ids.getrandbits(64).to_bytes(8, "big"))[:11].decode()
 
 
+@dataclass(frozen=True)
+class _Sleep:
+    """A flow's request to its driver: sleep this many seconds, then send the local time."""
+
+    seconds: float
+
+
+# A flow asks its driver for an operation (answered with the store's answer, whether
+# the store itself gave it, and the local time the answer was read) or a _Sleep
+# (answered with the local time after it). The flow reads no clock itself: it asks at
+# the local time it was last given, which is all it needs to know when it asked.
+_Flow = Generator["Acquire | Inspect | _Sleep", Any, Decision]
+
+
 class _LimiterCore:
     """Configuration and every decision that needs no I/O."""
 
@@ -69,6 +93,7 @@ class _LimiterCore:
         *,
         rates: Sequence[Rate | str] | Rate | str,
         min_interval: float | timedelta = 0.0,
+        margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
@@ -83,12 +108,30 @@ class _LimiterCore:
         self.rates: tuple[Rate, ...] = tuple(coerce_rate(rate) for rate in listed)
         gap = bounded_seconds(min_interval, "min_interval")
         self.min_interval = gap
+        slack = to_seconds(margin, "margin")
+        if not math.isfinite(slack) or slack < 0:
+            raise ConfigurationError(f"margin must be >= 0 seconds and finite, not {margin!r}")
+        self.margin = slack
         self.namespace = check_namespace(namespace)
         self._secret = resolve_secret(key_secret)
         self._clock = clock
+        # Local time: the injected clock (which the store then follows too), else a
+        # monotonic one; StoreClock relates it to the store's clock.
+        self._local: Callable[[], float] = clock or time.monotonic
+        # With an injected clock the store runs on that very clock: no drift between them.
+        drift = 0.0 if clock else DRIFT
+        self._store_clock = StoreClock(drift=drift)  # answers from the store
+        self._host_clock = StoreClock(drift=drift)  # answers from the failure policy
+        self._warned_spread = threading.Event()
+        # The margin widens every window and the gap in the slot arithmetic: requests
+        # that leave up to ``margin`` after their slots still never crowd a window, nor
+        # come closer than the gap, as the upstream counts them on arrival. With no gap
+        # there is no spacing to protect, and widening it would cap the rate at 1/margin.
+        margin_us = round(slack * US)
+        gap_us = round(gap * US)
         self._policy = Policy(
-            limits=tuple((rate.limit, rate.period_us) for rate in self.rates),
-            min_interval_us=round(gap * US),
+            limits=tuple((rate.limit, rate.period_us + margin_us) for rate in self.rates),
+            min_interval_us=gap_us + margin_us if gap_us else 0,
         )
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
@@ -116,13 +159,11 @@ class _LimiterCore:
             raise ConfigurationError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
         return round(min(seconds, MAX_SECONDS) * US)
 
-    def _now_us(self) -> int | None:
-        """The caller's clock, only when one was injected; else the store's own clock."""
-        return None if self._clock is None else round(self._clock() * US)
+    def _at(self, now: float) -> int | None:
+        """An operation's time for local time ``now``: only with an injected clock."""
+        return None if self._clock is None else round(now * US)
 
-    # -- operations and their answers ---------------------------------------------
-
-    def _acquire_op(self, key: str, cost: int, max_wait_us: int) -> Acquire:
+    def _acquire_op(self, key: str, cost: int, max_wait_us: int, now: float) -> Acquire:
         return Acquire(
             key=self._key(key),
             policy=self._policy,
@@ -130,15 +171,18 @@ class _LimiterCore:
             max_wait_us=max_wait_us,
             # A fresh id per call: equal slots never collapse, a driver retry never books twice.
             call_id=_call_id(),
-            now_us=self._now_us(),
+            now_us=self._at(now),
         )
 
-    def _decision(self, verdict: Verdict, cost: int, *, waits: bool) -> Decision:
-        delay = _seconds(max(0, verdict.slot_us - verdict.now_us))
+    def _decision(
+        self, verdict: Verdict, cost: int, *, waited: float = 0.0, late_wakeups: int = 0
+    ) -> Decision:
         return Decision(
             allowed=verdict.allowed,
-            retry_after=0.0 if verdict.allowed else delay,
-            waited=delay if verdict.allowed and waits else 0.0,
+            retry_after=0.0
+            if verdict.allowed
+            else _seconds(max(0, verdict.slot_us - verdict.now_us)),
+            waited=waited,
             slot=_seconds(verdict.slot_us),
             cost=cost,
             remaining=verdict.remaining,
@@ -146,17 +190,100 @@ class _LimiterCore:
             paused_until=_seconds(verdict.pause_until_us)
             if verdict.pause_until_us > verdict.now_us
             else None,
+            late_wakeups=late_wakeups,
         )
 
-    def _admitted(self, verdict: Verdict, cost: int) -> Decision:
-        """``acquire``'s answer: the booked slot, or ThrottleTimeout when it was too far."""
-        decision = self._decision(verdict, cost, waits=True)
-        if not decision.allowed:
-            raise ThrottleTimeout(decision.retry_after)
-        return decision
+    def _acquire_flow(
+        self,
+        key: str,
+        cost: int,
+        max_wait_us: int,
+        started: float,
+        *,
+        refusal: bool,
+        recheck_pause: bool = False,
+    ) -> _Flow:
+        """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
-    def _inspect_op(self, key: str) -> Inspect:
-        return Inspect(key=self._key(key), policy=self._policy, now_us=self._now_us())
+        Book a slot, sleep until the store's clock reaches it, and check the call is
+        still within ``margin`` of it. One that is not (a wake-up or an answer that came
+        too late) would crowd the window it was counted in as the upstream sees it: it
+        books a new slot instead, and the late one stays booked (under-use, never
+        over-use). ``refusal``: a refusal is returned (try_acquire), not raised.
+
+        ``recheck_pause`` (the transports): a call that slept reads the key once more
+        before it goes, so it does not walk into a pause another worker set while it
+        slept (the upstream said 429); if one is in force it books a slot after it.
+        """
+        op = self._acquire_op(key, cost, max_wait_us, started)
+        slept, late_wakeups, sent = 0.0, 0, started
+        while True:
+            verdict, from_store, now = yield op
+            clock = self._store_clock if from_store else self._host_clock
+            clock.observe(sent, now, _seconds(verdict.now_us))
+            if not verdict.allowed:
+                refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
+                if refusal:
+                    return refused
+                raise ThrottleTimeout(refused.retry_after)
+            slot = _seconds(verdict.slot_us)
+            wake = clock.wake_at(slot)
+            if wake > now:
+                slept += wake - now
+                now = yield _Sleep(wake - now)
+                # After a long sleep what is known of the store's clock has aged past the
+                # margin (DRIFT): one read of the store's time renews it. Sleeps shorter
+                # than about margin / (2 * DRIFT), 25 s by default, never need it.
+                if recheck_pause or clock.spread(now) > self.margin > 0:
+                    asked = now
+                    snap, from_store, now = yield self._inspect_op(key, now)
+                    (self._store_clock if from_store else self._host_clock).observe(
+                        asked, now, _seconds(snap.now_us)
+                    )
+                    if recheck_pause and snap.pause_until_us > snap.now_us:
+                        log.debug("throttle_client: paused while it slept; queueing again")
+                        op, sent = self._rebook(op, max_wait_us, started, now), now
+                        continue
+            late = self._late_by(clock, slot, now) if self.margin else 0.0
+            if late <= self.margin:
+                return self._decision(verdict, cost, waited=slept, late_wakeups=late_wakeups)
+            late_wakeups += 1
+            log.debug(
+                "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
+                late * 1000,
+                self.margin * 1000,
+            )
+            op, sent = self._rebook(op, max_wait_us, started, now), now
+
+    def _rebook(self, op: Acquire, max_wait_us: int, started: float, now: float) -> Acquire:
+        """``op`` asked again at ``now`` as a new call, what is left of its wait."""
+        left = -1 if max_wait_us < 0 else max(0, max_wait_us - round((now - started) * US))
+        return dataclasses.replace(op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now))
+
+    def _late_by(self, clock: StoreClock, slot: float, now: float) -> float:
+        """How far past ``slot`` a call at local time ``now`` may be, on the store's clock.
+
+        When the store's time is known less precisely than the margin (a round trip
+        longer than the margin), no wake-up could be proven on time: the best estimate
+        is used instead, and a warning says to widen the margin.
+        """
+        late = clock.late_by(slot, now)
+        spread = clock.spread(now)
+        if spread <= self.margin:
+            return late
+        if not self._warned_spread.is_set():
+            self._warned_spread.set()
+            log.warning(
+                "throttle_client: the store's clock is known only to within %.1f ms (its "
+                "round trip), more than margin=%.1f ms: arrivals cannot be held within the "
+                "margin; widen it",
+                spread * 1000,
+                self.margin * 1000,
+            )
+        return late - spread
+
+    def _inspect_op(self, key: str, now: float) -> Inspect:
+        return Inspect(key=self._key(key), policy=self._policy, now_us=self._at(now))
 
     def _usage(self, snap: Snapshot) -> Usage:
         now = snap.now_us
@@ -182,7 +309,7 @@ class _LimiterCore:
             key=self._key(key),
             policy=self._policy,
             duration_us=round(duration * US),
-            now_us=self._now_us(),
+            now_us=self._at(self._local()),
         )
 
     def _reset_op(self, key: str) -> Reset:
@@ -192,7 +319,7 @@ class _LimiterCore:
         rates = ", ".join(map(repr, self.rates))
         return (
             f"{type(self).__name__}(rates=[{rates}], min_interval={self.min_interval:g}, "
-            f"namespace={self.namespace!r})"
+            f"margin={self.margin:g}, namespace={self.namespace!r})"
         )
 
 
@@ -203,6 +330,12 @@ class Limiter(_LimiterCore):
     ...                   rates=[Rate(5000, 3600), "10/second"], min_interval=0.1)
     >>> limiter.acquire(token, timeout=30)   # waits its turn, or ThrottleTimeout
     >>> limiter.try_acquire(token).retry_after
+
+    ``margin`` (seconds, default 25 ms) is how much later than its slot a request may
+    reach the upstream, which counts arrivals, not slots: every window and the minimum
+    interval are widened by it, and a call that wakes later than its slot + margin books
+    a new slot before it returns (``Decision.late_wakeups``). 0 turns this off: then
+    only the slots are exact.
 
     ``on_unavailable`` says what happens when the store cannot be reached after
     ``retry_for`` seconds of retries: ``"raise"`` (BackendUnavailable, the default),
@@ -218,6 +351,7 @@ class Limiter(_LimiterCore):
         *,
         rates: Sequence[Rate | str] | Rate | str,
         min_interval: float | timedelta = 0.0,
+        margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
@@ -232,6 +366,7 @@ class Limiter(_LimiterCore):
         super().__init__(
             rates=rates,
             min_interval=min_interval,
+            margin=margin,
             namespace=namespace,
             key_secret=key_secret,
             clock=clock,
@@ -241,8 +376,9 @@ class Limiter(_LimiterCore):
         self.backend = backend
         self._sleep = sleep
 
-    def _execute(self, op: Op[T]) -> T:
-        """Ask the store, retrying what may pass; if it stays silent, the policy answers."""
+    def _execute(self, op: Op[T]) -> tuple[T, bool]:
+        """Ask the store, retrying what may pass; if it stays silent, the policy answers.
+        Also says whether the answer is the store's (False: the policy's)."""
         guard = self._guard
         if not guard.store_resting():
             started = time.monotonic()
@@ -258,15 +394,30 @@ class Limiter(_LimiterCore):
                             result = self.backend.execute(shrink(op, started))
                 except BackendUnavailable as exc:
                     guard.failed(exc)
-                    return guard.substitute(op)()
+                    return guard.substitute(op)(), False
             guard.succeeded()
-            return result
-        return guard.substitute(op)()
+            return result, True
+        return guard.substitute(op)(), False
+
+    def _run(self, flow: _Flow) -> Decision:
+        """Drive an acquire flow with blocking calls."""
+        answer: Any = None
+        try:
+            while True:
+                step = flow.send(answer)
+                if isinstance(step, _Sleep):
+                    self._sleep(step.seconds)
+                    answer = self._local()
+                else:
+                    verdict, from_store = self._execute(step)
+                    answer = (verdict, from_store, self._local())
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now; a refusal records nothing."""
-        op = self._acquire_op(key, cost, 0)
-        return self._decision(self._execute(op), op.cost, waits=False)
+        return self._run(self._acquire_flow(key, cost, 0, self._local(), refusal=True))
 
     def acquire(
         self, key: str, cost: int = 1, timeout: float | timedelta | None = None
@@ -276,20 +427,23 @@ class Limiter(_LimiterCore):
         Raises ThrottleTimeout (with ``retry_after``), booking nothing, when the slot
         is more than ``timeout`` seconds away.
         """
-        op = self._acquire_op(key, cost, self._max_wait_us(timeout))
-        decision = self._admitted(self._execute(op), op.cost)
-        if decision.waited > 0:
-            self._sleep(decision.waited)
-        return decision
+        wait = self._max_wait_us(timeout)
+        return self._run(self._acquire_flow(key, cost, wait, self._local(), refusal=False))
+
+    def _acquire_to_send(self, key: str, cost: int, timeout: float | timedelta | None) -> Decision:
+        """acquire() as the transports use it: a call that slept looks for a pause first."""
+        wait = self._max_wait_us(timeout)
+        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False, recheck_pause=True)
+        return self._run(flow)
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
-        return self._usage(self._execute(self._inspect_op(key)))
+        return self._usage(self._execute(self._inspect_op(key, self._local()))[0])
 
     def pause(self, key: str, seconds: float | timedelta) -> float:
         """No slot for ``key`` before ``now + seconds``, for every worker; returns the
         pause's end (epoch seconds). A pause only ever moves forward."""
-        return _seconds(self._execute(self._pause_op(key, seconds)))
+        return _seconds(self._execute(self._pause_op(key, seconds))[0])
 
     def reset(self, key: str) -> None:
         """Forget everything about ``key``."""
@@ -309,6 +463,7 @@ class AsyncLimiter(_LimiterCore):
         *,
         rates: Sequence[Rate | str] | Rate | str,
         min_interval: float | timedelta = 0.0,
+        margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
         clock: Callable[[], float] | None = None,
@@ -319,6 +474,7 @@ class AsyncLimiter(_LimiterCore):
         super().__init__(
             rates=rates,
             min_interval=min_interval,
+            margin=margin,
             namespace=namespace,
             key_secret=key_secret,
             clock=clock,
@@ -328,7 +484,7 @@ class AsyncLimiter(_LimiterCore):
         self.backend = _as_async(backend)
         self._sleep = sleep
 
-    async def _execute(self, op: Op[T]) -> T:
+    async def _execute(self, op: Op[T]) -> tuple[T, bool]:
         """As Limiter._execute, awaiting the store."""
         guard = self._guard
         if not guard.store_resting():
@@ -345,15 +501,30 @@ class AsyncLimiter(_LimiterCore):
                             result = await self.backend.execute(shrink(op, started))
                 except BackendUnavailable as exc:
                     guard.failed(exc)
-                    return guard.substitute(op)()
+                    return guard.substitute(op)(), False
             guard.succeeded()
-            return result
-        return guard.substitute(op)()
+            return result, True
+        return guard.substitute(op)(), False
+
+    async def _run(self, flow: _Flow) -> Decision:
+        """Drive an acquire flow, awaiting the store and the sleeps."""
+        answer: Any = None
+        try:
+            while True:
+                step = flow.send(answer)
+                if isinstance(step, _Sleep):
+                    await self._sleep(step.seconds)
+                    answer = self._local()
+                else:
+                    verdict, from_store = await self._execute(step)
+                    answer = (verdict, from_store, self._local())
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now; a refusal records nothing."""
-        op = self._acquire_op(key, cost, 0)
-        return self._decision(await self._execute(op), op.cost, waits=False)
+        return await self._run(self._acquire_flow(key, cost, 0, self._local(), refusal=True))
 
     async def acquire(
         self, key: str, cost: int = 1, timeout: float | timedelta | None = None
@@ -363,17 +534,23 @@ class AsyncLimiter(_LimiterCore):
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
-        op = self._acquire_op(key, cost, self._max_wait_us(timeout))
-        decision = self._admitted(await self._execute(op), op.cost)
-        if decision.waited > 0:
-            await self._sleep(decision.waited)
-        return decision
+        wait = self._max_wait_us(timeout)
+        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False)
+        return await self._run(flow)
+
+    async def _acquire_to_send(
+        self, key: str, cost: int, timeout: float | timedelta | None
+    ) -> Decision:
+        """acquire() as the transports use it: a call that slept looks for a pause first."""
+        wait = self._max_wait_us(timeout)
+        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False, recheck_pause=True)
+        return await self._run(flow)
 
     async def usage(self, key: str) -> Usage:
-        return self._usage(await self._execute(self._inspect_op(key)))
+        return self._usage((await self._execute(self._inspect_op(key, self._local())))[0])
 
     async def pause(self, key: str, seconds: float | timedelta) -> float:
-        return _seconds(await self._execute(self._pause_op(key, seconds)))
+        return _seconds((await self._execute(self._pause_op(key, seconds)))[0])
 
     async def reset(self, key: str) -> None:
         await self._execute(self._reset_op(key))

@@ -18,6 +18,8 @@ class Decision:
     ``remaining``: per rate, in the order of ``rates``, the units still free in the
     window that ends at the slot (at now, for a refusal).
     ``paused_until``: an upstream pause in force (epoch seconds), or None.
+    ``late_wakeups``: how many slots this call booked and gave up because it woke (or
+    heard back) more than the limiter's ``margin`` after them; each stays booked, unused.
 
     A Decision is truthy when the call was admitted::
 
@@ -33,6 +35,7 @@ class Decision:
     remaining: tuple[int, ...]
     rates: tuple[Rate, ...]
     paused_until: float | None
+    late_wakeups: int = 0
 
     def __bool__(self) -> bool:
         return self.allowed

@@ -35,7 +35,7 @@ from ._feedback import read_feedback
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
-from ._results import Decision, Usage
+from ._results import Decision
 
 logger = logging.getLogger("throttle_client")
 
@@ -215,35 +215,12 @@ class _TransportCore(Generic[L]):
             and isinstance(request.stream, httpx.ByteStream),
         )
 
-    def timeout_left(self, started: float) -> float | None:
-        if self.acquire_timeout is None:
-            return None
-        assert isinstance(self.acquire_timeout, float)
-        return max(0.0, self.acquire_timeout - (time.monotonic() - started))
-
-    def should_recheck(self, plan: _Plan[L], decision: Decision) -> bool:
-        """After ``acquire`` (logging an unusually long wait): True if a pause may have
-        arrived while the request slept towards its slot.
-
-        A slot is booked before the sleep; another worker may hit a 429 meanwhile and
-        pause the key. A request that slept looks once more (one read) before it goes,
-        so only requests already on the wire meet the pause.
-        """
+    def waited(self, plan: _Plan[L], decision: Decision) -> None:
+        """After the limiter admitted ``plan``: an unusually long wait is worth a line."""
         if decision.waited > LONG_WAIT:
             logger.info(
                 "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
             )
-        return decision.waited > 0
-
-    def paused_meanwhile(self, plan: _Plan[L], usage: Usage) -> bool:
-        if usage.paused_for > 0:
-            logger.debug(
-                "%s: %s was paused while it waited; queueing again after the pause",
-                plan.target,
-                plan.label,
-            )
-            return True
-        return False
 
     # -- after the response -------------------------------------------------------------
 
@@ -369,14 +346,9 @@ class ThrottledTransport(httpx.BaseTransport):
         return result.response
 
     def _admit(self, plan: _Plan[Limiter]) -> None:
-        started = time.monotonic()
-        while True:
-            timeout = self._core.timeout_left(started)
-            decision = plan.limiter.acquire(plan.key, plan.cost, timeout=timeout)
-            if not self._core.should_recheck(plan, decision):
-                return
-            if not self._core.paused_meanwhile(plan, plan.limiter.usage(plan.key)):
-                return
+        timeout = self._core.acquire_timeout
+        decision = plan.limiter._acquire_to_send(plan.key, plan.cost, timeout)
+        self._core.waited(plan, decision)
 
     def _discard(self, state: RetryCallState) -> None:
         response = self._core.discarded(state).response
@@ -434,14 +406,9 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         return result.response
 
     async def _admit(self, plan: _Plan[AsyncLimiter]) -> None:
-        started = time.monotonic()
-        while True:
-            timeout = self._core.timeout_left(started)
-            decision = await plan.limiter.acquire(plan.key, plan.cost, timeout=timeout)
-            if not self._core.should_recheck(plan, decision):
-                return
-            if not self._core.paused_meanwhile(plan, await plan.limiter.usage(plan.key)):
-                return
+        timeout = self._core.acquire_timeout
+        decision = await plan.limiter._acquire_to_send(plan.key, plan.cost, timeout)
+        self._core.waited(plan, decision)
 
     async def _discard(self, state: RetryCallState) -> None:
         response = self._core.discarded(state).response
