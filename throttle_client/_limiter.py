@@ -108,9 +108,7 @@ class _LimiterCore:
         self.rates: tuple[Rate, ...] = tuple(coerce_rate(rate) for rate in listed)
         gap = bounded_seconds(min_interval, "min_interval")
         self.min_interval = gap
-        slack = to_seconds(margin, "margin")
-        if not math.isfinite(slack) or slack < 0:
-            raise ConfigurationError(f"margin must be >= 0 seconds and finite, not {margin!r}")
+        slack = bounded_seconds(margin, "margin")
         self.margin = slack
         self.namespace = check_namespace(namespace)
         self._secret = resolve_secret(key_secret)

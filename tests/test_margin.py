@@ -1,0 +1,210 @@
+"""The margin: the quota held as the upstream counts it, by arrival, not only by slot.
+
+A request leaves a little after its slot. ``margin`` widens every window and a
+non-zero gap in the slot arithmetic, and a call that wakes (or hears back) later
+than slot + margin books a new slot instead of going. Here on every backend, sync
+and async, with a fake clock whose sleeps and answers can run late on purpose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from throttle_client import ConfigurationError, Limiter, MemoryBackend
+from throttle_client.testing import FakeClock
+
+US = 1_000_000
+
+
+def us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+def late_sleeper(clock: FakeClock, overshoots: list[float], asynchronous: bool) -> Any:
+    """A sleep that wakes ``overshoots.pop(0)`` seconds late (then on time)."""
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds + (overshoots.pop(0) if overshoots else 0.0))
+
+    async def asleep(seconds: float) -> None:
+        sleep(seconds)
+
+    return asleep if asynchronous else sleep
+
+
+def test_margin_widens_every_window_and_the_gap(make_limiter: Any) -> None:
+    clock = FakeClock()
+    limiter = make_limiter(rates=["2/second"], min_interval=0.1, margin=0.05, clock=clock)
+    start = us(clock.now)
+    assert us(limiter.acquire("k").slot) == start
+    assert us(limiter.try_acquire("k").retry_after) == 150_000  # gap 0.1 + margin
+    assert us(limiter.acquire("k").slot) == start + 150_000
+    assert us(limiter.acquire("k").slot) == start + 1_050_000  # window 1 s + margin
+    assert limiter.margin == 0.05
+
+
+def test_without_a_gap_the_margin_spaces_nothing(make_limiter: Any) -> None:
+    clock = FakeClock()
+    limiter = make_limiter(rates=["3/second"], margin=timedelta(milliseconds=50), clock=clock)
+    assert all(limiter.try_acquire("k").allowed for _ in range(3))  # all three now
+    assert us(limiter.try_acquire("k").retry_after) == 1_050_000
+
+
+def test_a_late_wakeup_books_a_new_slot_and_leaves_the_late_one_booked(
+    make_limiter: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    overshoots = [0.1]  # the first sleep wakes 100 ms late, past the 25 ms margin
+    sleep = late_sleeper(clock, overshoots, make_limiter.mode == "async")
+    limiter = make_limiter(rates=["1/second"], margin=0.025, clock=clock, sleep=sleep)
+    start = us(clock.now)
+    assert limiter.acquire("k").late_wakeups == 0
+    with caplog.at_level(logging.DEBUG, logger="throttle_client"):
+        decision = limiter.acquire("k")
+    # Booked 1.025, woke at 1.125: too late to go, so it booked 2.05 and went then.
+    assert decision.late_wakeups == 1
+    assert us(decision.slot) == start + 2_050_000 == us(clock.now)
+    assert us(decision.waited) == 1_025_000 + 925_000  # the sleeps it asked for
+    assert limiter.usage("k").rates[0].used == 1  # the late slot counts, unused, in (1.05, 2.05]
+    late = [r for r in caplog.records if "past its slot" in r.getMessage()]
+    assert len(late) == 1 and late[0].levelno == logging.DEBUG
+    assert "100.0 ms" in late[0].getMessage()
+
+
+def test_a_wakeup_within_the_margin_goes(make_limiter: Any) -> None:
+    clock = FakeClock()
+    sleep = late_sleeper(clock, [0.02], make_limiter.mode == "async")
+    limiter = make_limiter(rates=["1/second"], margin=0.025, clock=clock, sleep=sleep)
+    limiter.acquire("k")
+    decision = limiter.acquire("k")
+    assert decision.late_wakeups == 0 and us(clock.now) - us(decision.slot) == 20_000
+
+
+def test_a_margin_of_zero_never_rebooks(make_limiter: Any) -> None:
+    clock = FakeClock()
+    sleep = late_sleeper(clock, [5.0], make_limiter.mode == "async")
+    limiter = make_limiter(rates=["1/second"], margin=0, clock=clock, sleep=sleep)
+    limiter.acquire("k")
+    assert limiter.acquire("k").late_wakeups == 0  # only the slots are exact then
+
+
+def test_a_late_answer_to_try_acquire_is_asked_again() -> None:
+    """The store booked the slot now, but its answer came back 50 ms later: the call
+    would leave 50 ms after its slot. It asks again, and is refused: the late slot
+    took the only unit."""
+    clock = FakeClock()
+    inner = MemoryBackend()
+    delays: list[float] = []
+
+    class SlowAnswers:
+        def execute(self, op: Any) -> Any:
+            answer = inner.execute(op)
+            clock.advance(delays.pop(0) if delays else 0.0)
+            return answer
+
+    limiter = Limiter(SlowAnswers(), rates=["1/second"], margin=0.025, clock=clock)
+    delays[:] = [0.0]
+    limiter.try_acquire("other")  # a quick answer: the store's clock is known exactly
+    delays[:] = [0.05]
+    decision = limiter.try_acquire("k")
+    assert not decision.allowed and decision.late_wakeups == 1
+    assert us(decision.retry_after) == 1_025_000 - 50_000
+
+
+def test_an_answer_slower_than_the_margin_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """When every round trip is longer than the margin, no call can be proven on time:
+    the limiter says so once and goes by its best estimate instead of rebooking forever."""
+    clock = FakeClock()
+    inner = MemoryBackend()
+
+    class SlowStore:
+        def execute(self, op: Any) -> Any:
+            answer = inner.execute(op)
+            clock.advance(0.05)  # every answer takes 50 ms to come back
+            return answer
+
+    limiter = Limiter(SlowStore(), rates=["100/second"], margin=0.025, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        decisions = [limiter.try_acquire("k") for _ in range(3)]
+    assert all(d.allowed for d in decisions)
+    warned = [r for r in caplog.records if "widen it" in r.getMessage()]
+    assert len(warned) == 1 and "50.0 ms" in warned[0].getMessage()
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf"), "25ms", None])
+def test_a_bad_margin_is_refused_by_name(bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="margin"):
+        Limiter(MemoryBackend(), rates=["1/second"], margin=bad)
+
+
+# -- the guarantee, on random late wake-ups and slow answers --------------------------------
+
+RATES = [(3, US), (5, 3 * US)]
+GAP = 100_000
+MARGIN = 25_000
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 400_000),  # idle time before the call (µs)
+            st.integers(0, 3 * MARGIN),  # how late its sleep wakes
+            st.integers(0, 2 * MARGIN),  # how late the store's answer comes back
+            st.booleans(),  # try_acquire instead of acquire
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_calls_leave_within_the_margin_and_arrivals_keep_the_exact_quota(
+    steps: list[tuple[int, int, int, bool]],
+) -> None:
+    """Whatever the lateness of sleeps and answers, every admitted call returns no
+    earlier than its slot and at most ``margin`` after it; so the times the calls
+    leave (what an upstream counts) keep the exact quota, not only the slots."""
+    clock = FakeClock()
+    inner = MemoryBackend()
+    answer_delays: list[float] = []
+    wake_delays: list[float] = []
+
+    class SlowAnswers:
+        def execute(self, op: Any) -> Any:
+            answer = inner.execute(op)
+            clock.advance(answer_delays.pop(0) if answer_delays else 0.0)
+            return answer
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds + (wake_delays.pop(0) if wake_delays else 0.0))
+
+    limiter = Limiter(
+        SlowAnswers(),
+        rates=[f"{limit}/{period / US} seconds" for limit, period in RATES],
+        min_interval=GAP / US,
+        margin=MARGIN / US,
+        clock=clock,
+        sleep=sleep,
+    )
+    limiter.try_acquire("warm-up")  # a quick answer: the store's clock is known exactly
+    left: list[int] = []
+    for idle, wake_late, answer_late, trying in steps:
+        clock.advance(idle / US)
+        wake_delays[:] = [wake_late / US]
+        answer_delays[:] = [answer_late / US]
+        decision = limiter.try_acquire("k") if trying else limiter.acquire("k")
+        if decision.allowed:
+            gone = us(clock.now)
+            # (1 µs: times are float seconds since the epoch, exact to a quarter of a µs.)
+            assert us(decision.slot) - 1 <= gone <= us(decision.slot) + MARGIN
+            left.append(gone)
+    for t in left:
+        for limit, period in RATES:
+            assert sum(1 for u in left if t - period < u <= t) <= limit
+    assert all(b - a >= GAP for a, b in itertools.pairwise(left))
