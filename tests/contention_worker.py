@@ -68,6 +68,7 @@ class Plan:
     key: str
     rates: tuple[tuple[int, float], ...]  # (limit, period in seconds)
     min_interval: float
+    margin: float
     duration: float  # seconds of demand after the common start
     asynchronous: bool
     roles: tuple[str, ...]
@@ -101,6 +102,7 @@ def _limiter_args(plan: Plan) -> dict[str, Any]:
     return {
         "rates": [Rate(limit, period) for limit, period in plan.rates],
         "min_interval": plan.min_interval,
+        "margin": plan.margin,
         "namespace": "contention",
     }
 

@@ -226,7 +226,7 @@ class _LimiterCore:
                 raise ThrottleTimeout(refused.retry_after)
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
-            if wake > now:
+            if wake - now >= 1e-6:  # the stores count whole µs: less is float rounding
                 slept += wake - now
                 now = yield _Sleep(wake - now)
                 # After a long sleep what is known of the store's clock has aged past the
