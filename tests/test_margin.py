@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from throttle_client import ConfigurationError, Limiter, MemoryBackend
+from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock
 
 US = 1_000_000
@@ -95,42 +96,58 @@ def test_a_margin_of_zero_never_rebooks(make_limiter: Any) -> None:
     assert limiter.acquire("k").late_wakeups == 0  # only the slots are exact then
 
 
-def test_a_late_answer_to_try_acquire_is_asked_again() -> None:
-    """The store booked the slot now, but its answer came back 50 ms later: the call
-    would leave 50 ms after its slot. It asks again, and is refused: the late slot
-    took the only unit."""
-    clock = FakeClock()
+def slow_store(clock: FakeClock, delays: list[float], late: float) -> Any:
+    """A memory store whose answers come back ``delays.pop(0)`` (then ``late``) seconds
+    after it decided."""
     inner = MemoryBackend()
-    delays: list[float] = []
 
     class SlowAnswers:
         def execute(self, op: Any) -> Any:
             answer = inner.execute(op)
-            clock.advance(delays.pop(0) if delays else 0.0)
+            clock.advance(delays.pop(0) if delays else late)
             return answer
 
-    limiter = Limiter(SlowAnswers(), rates=["1/second"], margin=0.025, clock=clock)
-    delays[:] = [0.0]
+    return SlowAnswers()
+
+
+def test_a_late_answer_to_try_acquire_is_a_refusal() -> None:
+    """The store booked the slot now, but its answer came back 50 ms later: the call
+    would leave 50 ms after its slot. try_acquire says no (the late slot stays booked)."""
+    clock = FakeClock()
+    limiter = Limiter(slow_store(clock, [0.0], 0.05), rates=["5/second"], margin=0.025, clock=clock)
     limiter.try_acquire("other")  # a quick answer: the store's clock is known exactly
-    delays[:] = [0.05]
     decision = limiter.try_acquire("k")
     assert not decision.allowed and decision.late_wakeups == 1
-    assert us(decision.retry_after) == 1_025_000 - 50_000
+    assert limiter.usage("k").rates[0].used == 1  # one late slot, never more
+
+
+def test_slow_answers_book_a_slot_far_enough_ahead_once() -> None:
+    """Every answer comes back 50 ms late: a slot due now cannot be met, so the call
+    books again with a lead of twice that round trip, sleeps to it, and goes. Slow
+    answers cost one unused slot per call, not a cascade of them."""
+    clock = FakeClock()
+    limiter = Limiter(
+        slow_store(clock, [0.0], 0.05),
+        rates=["20/second"],
+        margin=0.025,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    limiter.try_acquire("other")
+    start = us(clock.now)
+    decision = limiter.acquire("k")
+    assert decision.allowed and decision.late_wakeups == 1
+    assert us(decision.slot) == start + 50_000 + 100_000  # asked at 50 ms, 100 ms ahead
+    assert us(clock.now) == us(decision.slot)  # went on time
+    assert limiter.usage("k").rates[0].used == 2  # the late slot and this one
 
 
 def test_an_answer_slower_than_the_margin_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     """When every round trip is longer than the margin, no call can be proven on time:
     the limiter says so once and goes by its best estimate instead of rebooking forever."""
     clock = FakeClock()
-    inner = MemoryBackend()
-
-    class SlowStore:
-        def execute(self, op: Any) -> Any:
-            answer = inner.execute(op)
-            clock.advance(0.05)  # every answer takes 50 ms to come back
-            return answer
-
-    limiter = Limiter(SlowStore(), rates=["100/second"], margin=0.025, clock=clock)
+    store = slow_store(clock, [], 0.05)  # every answer takes 50 ms to come back
+    limiter = Limiter(store, rates=["100/second"], margin=0.025, clock=clock)
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
         decisions = [limiter.try_acquire("k") for _ in range(3)]
     assert all(d.allowed for d in decisions)
@@ -208,3 +225,13 @@ def test_calls_leave_within_the_margin_and_arrivals_keep_the_exact_quota(
         for limit, period in RATES:
             assert sum(1 for u in left if t - period < u <= t) <= limit
     assert all(b - a >= GAP for a, b in itertools.pairwise(left))
+
+
+def test_an_answer_from_another_clock_replaces_what_was_known() -> None:
+    """A failover or another Cluster node answers with a clock 50 ms ahead: the bracket
+    kept from the old clock would wake calls 50 ms early on the new one. It is dropped."""
+    known = StoreClock(drift=0.0)
+    known.observe(10.0, 10.0, 1000.0)  # offset exactly 990
+    known.observe(11.0, 11.001, 1001.05)  # offset in [990.049, 990.05]: outside, ahead
+    assert known.low(11.0) == pytest.approx(990.049) and known.high(11.0) == pytest.approx(990.05)
+    assert known.wake_at(1002.0) >= 1002.0 - 990.049 - 1e-9  # never before on the new clock

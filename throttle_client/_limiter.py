@@ -78,11 +78,19 @@ class _Sleep:
     seconds: float
 
 
+@dataclass(frozen=True)
+class _Look:
+    """A flow's request for a read it can do without: if the store cannot answer, the
+    driver sends None for the answer instead of raising."""
+
+    op: Inspect
+
+
 # A flow asks its driver for an operation (answered with the store's answer, whether
 # the store itself gave it, and the local time the answer was read) or a _Sleep
 # (answered with the local time after it). The flow reads no clock itself: it asks at
 # the local time it was last given, which is all it needs to know when it asked.
-_Flow = Generator["Acquire | Inspect | _Sleep", Any, Decision]
+_Flow = Generator["Acquire | _Look | _Sleep", Any, Decision]
 
 
 class _LimiterCore:
@@ -217,8 +225,7 @@ class _LimiterCore:
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
             verdict, from_store, now = yield op
-            clock = self._store_clock if from_store else self._host_clock
-            clock.observe(sent, now, _seconds(verdict.now_us))
+            clock = self._observe(from_store, sent, now, verdict.now_us)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
                 if refusal:
@@ -226,7 +233,8 @@ class _LimiterCore:
                 raise ThrottleTimeout(refused.retry_after)
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
-            if wake - now >= 1e-6:  # the stores count whole µs: less is float rounding
+            answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
+            if not answered_late:
                 slept += wake - now
                 now = yield _Sleep(wake - now)
                 # After a long sleep what is known of the store's clock has aged past the
@@ -234,14 +242,13 @@ class _LimiterCore:
                 # than about margin / (2 * DRIFT), 25 s by default, never need it.
                 if recheck_pause or clock.spread(now) > self.margin > 0:
                     asked = now
-                    snap, from_store, now = yield self._inspect_op(key, now)
-                    (self._store_clock if from_store else self._host_clock).observe(
-                        asked, now, _seconds(snap.now_us)
-                    )
-                    if recheck_pause and snap.pause_until_us > snap.now_us:
-                        log.debug("throttle_client: paused while it slept; queueing again")
-                        op, sent = self._rebook(op, max_wait_us, started, now), now
-                        continue
+                    snap, from_store, now = yield _Look(self._inspect_op(key, now))
+                    if snap is not None:  # None: the store went away; the slot stands
+                        self._observe(from_store, asked, now, snap.now_us)
+                        if recheck_pause and snap.pause_until_us > snap.now_us:
+                            log.debug("throttle_client: paused while it slept; queueing again")
+                            op, sent = self._rebook(op, max_wait_us, started, now, 0), now
+                            continue
             late = self._late_by(clock, slot, now) if self.margin else 0.0
             if late <= self.margin:
                 return self._decision(verdict, cost, waited=slept, late_wakeups=late_wakeups)
@@ -251,12 +258,28 @@ class _LimiterCore:
                 late * 1000,
                 self.margin * 1000,
             )
-            op, sent = self._rebook(op, max_wait_us, started, now), now
+            if refusal:  # try_acquire asks once: its late slot is its answer, unused
+                late_verdict = dataclasses.replace(verdict, allowed=False)
+                return self._decision(late_verdict, cost, late_wakeups=late_wakeups)
+            # An answer that came back too late would come back too late again for a slot
+            # due now: the new slot lies twice that round trip ahead, and is slept to.
+            lead = round(2 * (now - sent) * US) if answered_late else 0
+            op, sent = self._rebook(op, max_wait_us, started, now, lead), now
 
-    def _rebook(self, op: Acquire, max_wait_us: int, started: float, now: float) -> Acquire:
-        """``op`` asked again at ``now`` as a new call, what is left of its wait."""
+    def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
+        """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
+        clock = self._store_clock if from_store else self._host_clock
+        clock.observe(sent, now, _seconds(store_now_us))
+        return clock
+
+    def _rebook(
+        self, op: Acquire, max_wait_us: int, started: float, now: float, lead_us: int
+    ) -> Acquire:
+        """``op`` asked again at ``now`` as a new call, with what is left of its wait."""
         left = -1 if max_wait_us < 0 else max(0, max_wait_us - round((now - started) * US))
-        return dataclasses.replace(op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now))
+        return dataclasses.replace(
+            op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
+        )
 
     def _late_by(self, clock: StoreClock, slot: float, now: float) -> float:
         """How far past ``slot`` a call at local time ``now`` may be, on the store's clock.
@@ -406,6 +429,12 @@ class Limiter(_LimiterCore):
                 if isinstance(step, _Sleep):
                     self._sleep(step.seconds)
                     answer = self._local()
+                elif isinstance(step, _Look):
+                    try:
+                        seen, from_store = self._execute(step.op)
+                    except BackendUnavailable:
+                        seen, from_store = None, False
+                    answer = (seen, from_store, self._local())
                 else:
                     verdict, from_store = self._execute(step)
                     answer = (verdict, from_store, self._local())
@@ -513,6 +542,12 @@ class AsyncLimiter(_LimiterCore):
                 if isinstance(step, _Sleep):
                     await self._sleep(step.seconds)
                     answer = self._local()
+                elif isinstance(step, _Look):
+                    try:
+                        seen, from_store = await self._execute(step.op)
+                    except BackendUnavailable:
+                        seen, from_store = None, False
+                    answer = (seen, from_store, self._local())
                 else:
                     verdict, from_store = await self._execute(step)
                     answer = (verdict, from_store, self._local())

@@ -93,7 +93,7 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
         return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.policy, booked))
-    slot = earliest_slot(log, op.policy, now, op.cost)
+    slot = max(earliest_slot(log, op.policy, now, op.cost), now + op.lead_us)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
         return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.policy, now))

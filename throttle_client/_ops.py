@@ -75,6 +75,8 @@ class Acquire(Op[Verdict]):
 
     ``max_wait_us`` of 0 is try_acquire, -1 waits for any slot. ``call_id`` makes the
     call idempotent: a call whose id is already in the log gets its booked slot back.
+    ``lead_us``: no slot earlier than ``now + lead_us`` (a call whose answers come back
+    slowly asks for a slot its answer can reach in time).
     """
 
     key: str
@@ -83,6 +85,7 @@ class Acquire(Op[Verdict]):
     max_wait_us: int
     call_id: str
     now_us: int | None = None
+    lead_us: int = 0
 
 
 @dataclass(frozen=True)

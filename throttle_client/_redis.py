@@ -80,6 +80,9 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     keys, policy = store_keys(op.key), policy_arg(op.policy)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
+        if op.lead_us:
+            lead = b"%d" % op.lead_us
+            return keys, (b"acquire", policy, now, cost, wait, op.call_id, lead)
         return keys, (b"acquire", policy, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
         return keys, (b"pause", policy, now, b"%d" % op.duration_us)
@@ -263,7 +266,9 @@ class AsyncRedisBackend:
     async def aclose(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
         if self._owned:
-            await self._runner.aclose()
+            # redis-py 5.0.0, the oldest allowed, has close() only; aclose() came in 5.0.1.
+            close = getattr(self._runner, "aclose", None) or self._runner.close
+            await close()
             if isinstance(self._runner, redis.asyncio.Redis):
                 await self._runner.connection_pool.disconnect()
 

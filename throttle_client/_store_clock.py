@@ -38,10 +38,21 @@ class StoreClock:
     def observe(self, sent: float, received: float, store_now: float) -> None:
         """One answer stamped ``store_now`` (store seconds), asked at local ``sent``,
         read at local ``received``."""
-        if self._low is None or store_now - received >= self.low(received):
-            self._low = (store_now - received, received)
-        if self._high is None or store_now - sent <= self.high(sent):
-            self._high = (store_now - sent, sent)
+        low, high = (store_now - received, received), (store_now - sent, sent)
+        if (
+            self._low is None
+            or self._high is None
+            # An answer outside what is known: the store's clock stepped, or another
+            # clock answered (a failover, another Cluster node). What was known is wrong.
+            or low[0] > self.high(received)
+            or high[0] < self.low(sent)
+        ):
+            self._low, self._high = low, high
+            return
+        if low[0] >= self.low(received):
+            self._low = low
+        if high[0] <= self.high(sent):
+            self._high = high
 
     def low(self, now: float) -> float:
         """The store's clock is at least ``now + low(now)`` at local time ``now``."""

@@ -16,7 +16,8 @@
 -- ARGV[2] the policy, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
--- then    acquire: cost, max wait µs (-1 = any), call id;  pause: duration µs
+-- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
+--         now + lead; optional, 0);  pause: duration µs
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
 --   acquire: ALLOWED NOW SLOT PAUSE REMAINING...   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
@@ -197,14 +198,16 @@ end
 
 if op == 'acquire' then
   local cost, max_wait, id = whole(ARGV[4], 1), whole(ARGV[5], -1), ARGV[6]
+  local lead = whole(ARGV[7] or 0, 0)
   if not cost then return fail('bad cost ' .. tostring(ARGV[4])) end
   if not max_wait then return fail('bad max wait') end
+  if not lead then return fail('bad lead') end
   if not id or id == '' then return fail('missing call id') end
   for i = 1, nrates do
     if cost > limits[i] then return fail(format('cost %d above limit %d', cost, limits[i])) end
   end
 
-  local slot = earliest_slot(cost)
+  local slot = math.max(earliest_slot(cost), now + lead)
   if max_wait >= 0 and slot - now > max_wait then
     local earlier = booked(id)
     if earlier then return reply(remaining_at(earlier, {1, now, earlier, pause})) end
