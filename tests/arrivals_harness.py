@@ -1,0 +1,511 @@
+"""One run of issue 8's arrival scenarios: many clients on one token, a strict upstream
+that counts arrivals, and the slots the store handed out. Used by tests/test_arrivals.py
+and benchmarks/bench_arrivals.py (one copy of the harness for both).
+
+A run has three kinds of process, all from a fork server (no connection crosses a fork):
+
+- the upstream: ``StrictUpstream`` with tolerance 0, alone in its process so that no
+  client thread holds its GIL while it stamps an arrival. It journals every request:
+  its arrival (its own monotonic clock, which is how it judges, and the same instant
+  on the wall clock, which is the clock of the slots) and the slot the request says
+  it was sent for;
+- the clients: each process builds its own limiter on the shared store and its own
+  throttled httpx client, and runs ``threads`` requesters (sync) or ``tasks`` (async)
+  that fetch in a loop until the common deadline, on one token, far above the quota.
+  A requester whose next slot lies past the deadline stops (ThrottleTimeout): with 200
+  of them the queue is full to the end from the first instant;
+- the parent, which starts them together at a barrier and judges (``judge``).
+
+Each request carries its slot (``?slot=<µs>``, added by the inner transport: slots are
+not secret), so an arrival is paired with its slot exactly, never by order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import contextvars
+import itertools
+import logging
+import math
+import multiprocessing
+import queue
+import secrets
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from tests.contention_worker import StoreSpec, make_backend
+from throttle_client import (
+    AsyncLimiter,
+    AsyncThrottledClient,
+    Decision,
+    Limiter,
+    Rate,
+    RetryPolicy,
+    ThrottledClient,
+    ThrottleTimeout,
+)
+from throttle_client._demo import most_calls
+from throttle_client.testing import StrictUpstream
+
+# Both windows and the gap bind within a few seconds: 20 calls take 0.38 s at the gap
+# (0.855 s with the default margin's wider gap), so the first second is gap-paced, then
+# full; the 3-second window binds from the third second on (16.7/s on average).
+RATES = (Rate.parse("20/second"), Rate.parse("50/3 seconds"))
+MIN_INTERVAL = 0.02
+DURATION = 5.0  # seconds of demand after the common start
+US = 1_000_000
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Client processes: ("sync", threads) or ("async", tasks) each."""
+
+    name: str
+    processes: tuple[tuple[str, int], ...]
+
+
+SCENARIOS = {
+    "processes": Scenario("8 processes", (("sync", 2),) * 4 + (("async", 4),) * 4),
+    "threads": Scenario("200 threads on one Limiter", (("sync", 200),)),
+    "tasks": Scenario("1000 tasks on one AsyncLimiter", (("async", 1000),)),
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every client process is given (picklable)."""
+
+    store: str  # a redis:// URL or sqlite:///path
+    upstream_url: str
+    namespace: str
+    token: str
+    margin: float
+    duration: float
+    log_level: int = logging.WARNING  # of the library's logger in the clients
+    rates: tuple[Rate, ...] = RATES
+    min_interval: float = MIN_INTERVAL
+
+
+@dataclass
+class Call:
+    """One admitted decision of a client, by its slot (store clock, whole µs)."""
+
+    slot_us: int
+    late_wakeups: int
+    returned: float  # time.time() when the limiter let it go
+    sent: float = math.nan  # time.time() when the inner transport began to send it
+
+
+@dataclass
+class ClientReport:
+    index: int
+    calls: dict[int, Call] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request as the upstream saw it."""
+
+    slot_us: int | None  # the slot it was sent for (None: the request did not say)
+    at_ns: int  # the upstream's monotonic clock: how it judged the request
+    wall: float  # the same instant on the wall clock, the clock of the slots
+    status: int
+
+
+# -- the upstream process -------------------------------------------------------------------
+
+
+class _JournalingUpstream(StrictUpstream):
+    """StrictUpstream that also journals every request to /items (warm-ups go elsewhere)."""
+
+    journal: list[Arrival]
+
+    def _judge(self, token: str, path: str, now: float) -> tuple[int, dict[str, str]]:
+        wall = now + (time.time() - time.monotonic())
+        status, headers = super()._judge(token, path, now)
+        url = urlsplit(path)
+        if url.path == "/items":
+            slot = parse_qs(url.query).get("slot")
+            self.journal.append(
+                Arrival(int(slot[0]) if slot else None, round(now * NS), wall, status)
+            )
+        return status, headers
+
+
+def _serve(conn: Connection, rates: tuple[Rate, ...], gap: float) -> None:
+    """Upstream process: send the URL, serve until told to stop, send the journal."""
+    upstream = _JournalingUpstream(rates=rates, min_interval=gap, tolerance=0.0)
+    upstream.journal = []
+    upstream.start()
+    conn.send(upstream.url)
+    try:
+        conn.recv()
+        conn.send(list(upstream.journal))
+    finally:
+        upstream.stop()
+
+
+# -- the client processes ---------------------------------------------------------------------
+
+# The slot of the request the current thread or task is about to send: set by the
+# recording limiter, read by the inner transport (threads and tasks each have their own).
+_slot: contextvars.ContextVar[int] = contextvars.ContextVar("slot")
+
+
+class _Recording:
+    """What both recording limiters add: keep each decision of the crawl's token (not
+    the warm-up's), book nothing past the end."""
+
+    token: str
+    calls: dict[int, Call]
+    deadline = math.inf  # time.monotonic()
+
+    def _until_deadline(self, timeout: Any) -> float:
+        left = max(0.0, self.deadline - time.monotonic())
+        return left if timeout is None else min(timeout, left)
+
+    def _record(self, key: str, decision: Decision) -> None:
+        if key != self.token:
+            return
+        slot_us = round(decision.slot * US)
+        self.calls[slot_us] = Call(slot_us, decision.late_wakeups, time.time())
+        _slot.set(slot_us)
+
+
+class RecordingLimiter(_Recording, Limiter):
+    def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
+        decision = super()._acquire_to_send(key, cost, self._until_deadline(timeout))
+        self._record(key, decision)
+        return decision
+
+
+class AsyncRecordingLimiter(_Recording, AsyncLimiter):
+    async def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
+        decision = await super()._acquire_to_send(key, cost, self._until_deadline(timeout))
+        self._record(key, decision)
+        return decision
+
+
+def _stamp(request: httpx.Request, calls: dict[int, Call]) -> None:
+    """Tell the upstream which slot ``request`` goes for, and note when it left."""
+    slot_us = _slot.get(None)
+    if slot_us is not None and request.url.path == "/items":
+        request.url = request.url.copy_set_param("slot", str(slot_us))
+        calls[slot_us].sent = time.time()
+
+
+class _StampingTransport(httpx.HTTPTransport):
+    def __init__(self, calls: dict[int, Call]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        _stamp(request, self.calls)
+        return super().handle_request(request)
+
+
+class _AsyncStampingTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, calls: dict[int, Call]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        _stamp(request, self.calls)
+        return await super().handle_async_request(request)
+
+
+def _limiter_args(setup: Setup) -> dict[str, Any]:
+    return {
+        "rates": setup.rates,
+        "min_interval": setup.min_interval,
+        "margin": setup.margin,
+        "namespace": setup.namespace,
+    }
+
+
+def _client_args(setup: Setup) -> dict[str, Any]:
+    return {
+        "base_url": setup.upstream_url,
+        "headers": {"Authorization": f"Bearer {setup.token}"},
+        # A 429 is what the run is judged on: never retried, so never hidden.
+        "retry": RetryPolicy(max_attempts=1),
+        "timeout": 30,
+    }
+
+
+def _warm_up_headers(setup: Setup, index: int) -> dict[str, str]:
+    # A first request is slow (connecting, first use of every code path): one before the
+    # start, under a key of its own, so that no crawl request pays for it.
+    return {"Authorization": f"Bearer warm-up-{setup.namespace}-{index}"}
+
+
+def _sync_client(
+    setup: Setup, index: int, threads: int, barrier: Any, report: ClientReport
+) -> None:
+    backend = make_backend(StoreSpec(setup.store), asynchronous=False)
+    limiter = RecordingLimiter(backend, **_limiter_args(setup))
+    limiter.token, limiter.calls = setup.token, report.calls
+    errors: list[str] = []
+    transport = _StampingTransport(report.calls)
+    with ThrottledClient(limiter, transport=transport, **_client_args(setup)) as client:
+        # Open the store first, writing nothing: the warm-up's acquire then hears back
+        # at once, as every later call will (a first answer that took a connection's
+        # set-up would say the store's clock is known only to within that long).
+        limiter.usage(setup.token)
+        client.get("/warm-up", headers=_warm_up_headers(setup, index))
+        barrier.wait(timeout=120)
+        limiter.deadline = time.monotonic() + setup.duration
+
+        def fetch() -> None:
+            try:
+                while time.monotonic() < limiter.deadline:
+                    client.get("/items")
+            except ThrottleTimeout:
+                pass  # its next slot lies past the end: this requester is done
+            except Exception:
+                errors.append(traceback.format_exc())
+
+        workers = [threading.Thread(target=fetch, daemon=True) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    backend.close()
+    if errors:
+        report.error = errors[0]
+
+
+async def _async_client(
+    setup: Setup, index: int, tasks: int, barrier: Any, report: ClientReport
+) -> None:
+    backend = make_backend(StoreSpec(setup.store), asynchronous=True)
+    limiter = AsyncRecordingLimiter(backend, **_limiter_args(setup))
+    limiter.token, limiter.calls = setup.token, report.calls
+    transport = _AsyncStampingTransport(report.calls)
+    async with AsyncThrottledClient(limiter, transport=transport, **_client_args(setup)) as client:
+        # As many connections as the tasks will use at once (the pool's size at most).
+        await asyncio.gather(*(limiter.usage(setup.token) for _ in range(min(tasks, 64))))
+        await client.get("/warm-up", headers=_warm_up_headers(setup, index))
+        barrier.wait(timeout=120)  # blocking the loop is harmless: no task runs yet
+        limiter.deadline = time.monotonic() + setup.duration
+
+        async def fetch() -> None:
+            try:
+                while time.monotonic() < limiter.deadline:
+                    await client.get("/items")
+            except ThrottleTimeout:
+                pass
+
+        await asyncio.gather(*(fetch() for _ in range(tasks)))
+    aclose = getattr(backend, "aclose", None)
+    if aclose is not None:
+        await aclose()
+    else:
+        backend.close()
+
+
+def client_process(
+    setup: Setup, index: int, kind: str, count: int, barrier: Any, results: Any
+) -> None:
+    """Process entry point: put a ClientReport on ``results`` (with any traceback)."""
+    report = ClientReport(index)
+    logging.getLogger("throttle_client").setLevel(setup.log_level)
+    try:
+        if kind == "sync":
+            _sync_client(setup, index, count, barrier, report)
+        else:
+            asyncio.run(_async_client(setup, index, count, barrier, report))
+    except BaseException:
+        report.error = traceback.format_exc()
+        barrier.abort()  # do not leave the others waiting for a process that is gone
+    results.put(report)
+
+
+# -- running and judging ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A run, judged. Windows are half-open ``(t - W, t]``, exact, no tolerance."""
+
+    scenario: str
+    store: str
+    margin: float
+    sent: int  # requests that reached the upstream
+    rejected: int  # 429s
+    over_by_arrival: int  # arrivals whose window (any rate) held more than the limit
+    close_by_arrival: int  # arrivals less than min_interval after the one before
+    fullest_by_arrival: tuple[int, ...]  # per rate, the most arrivals in one window
+    fullest_by_slot: tuple[int, ...]  # per rate, the most used slots in one window
+    closest_slots_us: int  # the least distance between two used slots
+    late_wakeups: int
+    used: int  # slots used (sent for)
+    possible_by_slot: int  # the most calls the exact quota allows between first and last slot
+    possible_by_arrival: int  # the same between the first and last admitted arrival
+    admitted: int
+    lateness: tuple[float, ...]  # arrival - slot, seconds, sorted
+    # Where the lateness comes from, seconds, each sorted:
+    waking: tuple[float, ...]  # the limiter let the call go, after its slot
+    preparing: tuple[float, ...]  # the inner transport began to send, after that
+    in_flight: tuple[float, ...]  # the upstream stamped the arrival, after that
+
+    @property
+    def use_by_slot(self) -> float:
+        return self.used / self.possible_by_slot if self.possible_by_slot else 0.0
+
+    @property
+    def use_by_arrival(self) -> float:
+        return self.admitted / self.possible_by_arrival if self.possible_by_arrival else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.scenario} on {self.store}, margin {self.margin * 1000:g} ms: "
+            f"{self.rejected} 429s of {self.sent}, {self.over_by_arrival} over-limit windows "
+            f"by arrival, {self.late_wakeups} late wake-ups, utilisation by slot "
+            f"{self.use_by_slot:.1%} ({self.used}/{self.possible_by_slot}), arrival - slot "
+            f"p50 {quantile(self.lateness, 0.5) * 1000:.1f} ms, "
+            f"max {max(self.lateness, default=0.0) * 1000:.1f} ms"
+        )
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of sorted ``values`` (0 for none)."""
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def crowded(times: Sequence[int], period: int, limit: int) -> tuple[int, int]:
+    """(how many windows ``(t - period, t]`` ending at a point of ``times`` hold more than
+    ``limit`` points, the most any holds); ``times`` sorted integers. A window's count
+    only grows when its right edge reaches a point: those are the windows to check."""
+    counts = [bisect.bisect_right(times, t) - bisect.bisect_right(times, t - period) for t in times]
+    return sum(count > limit for count in counts), max(counts, default=0)
+
+
+def judge(
+    scenario: Scenario,
+    store: str,
+    setup: Setup,
+    reports: list[ClientReport],
+    journal: list[Arrival],
+) -> Outcome:
+    calls = {slot: call for report in reports for slot, call in report.calls.items()}
+    slots = sorted(calls)
+    arrivals = sorted(journal, key=lambda a: a.at_ns)
+    at = [a.at_ns for a in arrivals]
+    over, by_arrival = 0, []
+    for rate in setup.rates:
+        count, fullest = crowded(at, round(rate.period * NS), rate.limit)
+        over += count
+        by_arrival.append(fullest)
+    gap_ns = round(setup.min_interval * NS)
+    close = sum(b - a < gap_ns for a, b in itertools.pairwise(at))
+    by_slot = tuple(crowded(slots, rate.period_us, rate.limit)[1] for rate in setup.rates)
+    admitted = [a.wall for a in arrivals if a.status == 200]
+    paired = [(a, calls[a.slot_us]) for a in arrivals if a.slot_us in calls]
+    return Outcome(
+        scenario=scenario.name,
+        store=store,
+        margin=setup.margin,
+        sent=len(arrivals),
+        rejected=sum(a.status == 429 for a in arrivals),
+        over_by_arrival=over,
+        close_by_arrival=close,
+        fullest_by_arrival=tuple(by_arrival),
+        fullest_by_slot=by_slot,
+        closest_slots_us=min((b - a for a, b in itertools.pairwise(slots)), default=0),
+        late_wakeups=sum(call.late_wakeups for call in calls.values()),
+        used=len(slots),
+        possible_by_slot=_possible(setup, (slots[-1] - slots[0]) / US if slots else None),
+        possible_by_arrival=_possible(setup, admitted[-1] - admitted[0] if admitted else None),
+        admitted=len(admitted),
+        lateness=tuple(sorted(a.wall - call.slot_us / US for a, call in paired)),
+        waking=tuple(sorted(call.returned - call.slot_us / US for _, call in paired)),
+        preparing=tuple(sorted(call.sent - call.returned for _, call in paired)),
+        in_flight=tuple(sorted(a.wall - call.sent for a, call in paired)),
+    )
+
+
+def _possible(setup: Setup, span: float | None) -> int:
+    return 0 if span is None else most_calls(setup.rates, setup.min_interval, span)
+
+
+def run(
+    scenario: Scenario,
+    store: str,
+    *,
+    margin: float,
+    duration: float = DURATION,
+    log_level: int = logging.WARNING,
+) -> Outcome:
+    """Run ``scenario`` against ``store`` (a redis:// URL or sqlite:///path) and judge it.
+    ``log_level``: of the library's logger in the clients (each 429 is a warning)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    conn, child = ctx.Pipe()
+    upstream = ctx.Process(target=_serve, args=(child, RATES, MIN_INTERVAL), daemon=True)
+    upstream.start()
+    processes: list[Any] = []
+    results = ctx.Queue()
+    try:
+        if not conn.poll(60):
+            raise RuntimeError("the upstream did not start")
+        setup = Setup(
+            store=store,
+            upstream_url=conn.recv(),
+            namespace=f"arrivals-{secrets.token_hex(4)}",
+            token=f"token-{secrets.token_hex(8)}",
+            margin=margin,
+            duration=duration,
+            log_level=log_level,
+        )
+        barrier = ctx.Barrier(len(scenario.processes) + 1)
+        for index, (kind, count) in enumerate(scenario.processes):
+            args = (setup, index, kind, count, barrier, results)
+            processes.append(ctx.Process(target=client_process, args=args, daemon=True))
+            processes[-1].start()
+        # A broken barrier: a client failed before the start, and its report says why.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=120)
+        reports = _collect(processes, results, give_up=time.monotonic() + duration + 60)
+        conn.send("stop")
+        journal: list[Arrival] = conn.recv() if conn.poll(30) else []
+    finally:
+        for process in [*processes, upstream]:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        results.close()
+        results.join_thread()
+    errors = [f"client {r.index}:\n{r.error}" for r in reports if r.error]
+    if len(reports) < len(processes):
+        errors.append(f"only {len(reports)} of {len(processes)} clients reported")
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    kind = "SQLite" if store.startswith("sqlite") else "Redis"
+    return judge(scenario, kind, setup, reports, journal)
+
+
+def _collect(processes: list[Any], results: Any, *, give_up: float) -> list[ClientReport]:
+    reports: list[ClientReport] = []
+    while len(reports) < len(processes) and time.monotonic() < give_up:
+        try:
+            reports.append(results.get(timeout=0.5))
+        except queue.Empty:
+            if all(not p.is_alive() for p in processes) and results.empty():
+                break
+    return reports

@@ -1,0 +1,55 @@
+"""Issue 8: the quota holds as the upstream counts it, by arrival, with the default margin.
+
+Real processes, real Redis (or an SQLite file), real sockets: one token, demand far
+above ``20/second`` + ``50/3 seconds`` with calls at least 20 ms apart, from 8
+processes, from 200 threads sharing one Limiter, and from 1000 tasks sharing one
+AsyncLimiter (tests/arrivals_harness.py runs them). The upstream (StrictUpstream, in
+its own process) counts arrivals with tolerance 0. What must hold:
+
+- no 429, and no window of the exact quota over its limit nor two arrivals closer than
+  the gap, by the upstream's own arrival stamps;
+- by slot (the store's schedule): the exact quota holds, and the used slots fill >= 95%
+  of the best schedule of the exact quota between the first and the last of them.
+
+On the old code (no margin: slots exactly on the quota) arrivals crowd the windows and
+the gap: a request leaves a little after its slot, by a delay that varies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import arrivals_harness as harness
+from throttle_client._limiter import DEFAULT_MARGIN
+
+MIN_USE = 0.95
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'arrivals.db'}"
+
+
+@pytest.mark.parametrize("store_fixture", ["redis_url", "sqlite_store"], ids=["redis", "sqlite"])
+@pytest.mark.parametrize("scenario", list(harness.SCENARIOS), ids=list(harness.SCENARIOS))
+def test_the_upstream_never_counts_too_many(
+    request: pytest.FixtureRequest, store_fixture: str, scenario: str
+) -> None:
+    store = request.getfixturevalue(store_fixture)
+    outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
+    print(outcome.summary())
+
+    assert outcome.sent > 50, f"too few requests to judge: {outcome.summary()}"
+    assert len(outcome.lateness) == outcome.sent, "every arrival is paired with its slot"
+    assert outcome.rejected == 0, outcome.summary()
+    assert outcome.over_by_arrival == 0, (
+        f"windows by arrival {outcome.fullest_by_arrival} of "
+        f"{[r.limit for r in harness.RATES]}: {outcome.summary()}"
+    )
+    assert outcome.close_by_arrival == 0, outcome.summary()
+    for rate, fullest in zip(harness.RATES, outcome.fullest_by_slot, strict=True):
+        assert fullest <= rate.limit, f"{fullest} slots in one window of {rate}"
+    assert outcome.closest_slots_us >= round(harness.MIN_INTERVAL * harness.US)
+    assert outcome.use_by_slot >= MIN_USE, outcome.summary()
