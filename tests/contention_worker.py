@@ -81,6 +81,7 @@ class Admitted:
     slot: float  # Decision.slot: epoch seconds in the store's clock
     cost: int
     role: str
+    late: int = 0  # Decision.late_wakeups: slots it booked, woke too late for, left unused
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _sync_loop(limiter: Limiter, plan: Plan, role: str, end: float, report: Repo
             retry_after = exc.retry_after
         else:
             if decision.allowed:
-                report.admitted.append(Admitted(decision.slot, cost, role))
+                report.admitted.append(Admitted(decision.slot, cost, role, decision.late_wakeups))
                 continue
             retry_after = decision.retry_after
         report.refused[role] = report.refused.get(role, 0) + 1
@@ -142,7 +143,7 @@ async def _async_loop(
             retry_after = exc.retry_after
         else:
             if decision.allowed:
-                report.admitted.append(Admitted(decision.slot, cost, role))
+                report.admitted.append(Admitted(decision.slot, cost, role, decision.late_wakeups))
                 continue
             retry_after = decision.retry_after
         report.refused[role] = report.refused.get(role, 0) + 1

@@ -192,7 +192,8 @@ def test_processes_share_one_key_exactly(
     demand = itertools.chain((cost for _, cost in admitted), itertools.repeat(1))
     best = best_schedule(demand, slots[0], widened, gap + margin)
     possible = sum(cost for _, cost in itertools.takewhile(lambda e: e[0] <= slots[-1], best))
-    used = prefix[-1]
+    # By slot, a late wake-up's slot counts as used: it stays booked, unused (issue 8).
+    used = prefix[-1] + sum(a.late * a.cost for r in reports for a in r.admitted)
     by_role = collections.Counter(
         f"{'async' if plans[r.index].asynchronous else 'sync'}-{a.role}"
         for r in reports
