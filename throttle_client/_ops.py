@@ -9,9 +9,11 @@ answer the same four operations with exactly the semantics of DESIGN §2.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -137,13 +139,29 @@ class InlineAsync:
 
 
 class ThreadedAsync:
-    """An AsyncBackend over a store whose ``execute`` may block (SQLite waiting on a lock)."""
+    """An AsyncBackend over a store whose ``execute`` may block (SQLite waiting on a lock).
+
+    Writes run on one thread of their own, in the order they were asked (they would
+    take turns at the store's write lock anyway), and reads on two others, so a read
+    (the look for a pause before a request goes) never queues behind a thousand
+    tasks' bookings, as it would in asyncio's shared default pool.
+    """
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self._pools: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+
+    def _pool(self, op: Op[Any]) -> ThreadPoolExecutor:
+        # Threads do not cross a fork: a child makes its own pools.
+        if self._pools is None or self._pools[0] != os.getpid():
+            writer = ThreadPoolExecutor(1, thread_name_prefix="throttle-client-write")
+            readers = ThreadPoolExecutor(2, thread_name_prefix="throttle-client-read")
+            self._pools = (os.getpid(), writer, readers)
+        return self._pools[2] if isinstance(op, Inspect) else self._pools[1]
 
     async def execute(self, op: Op[T]) -> T:
-        return await asyncio.to_thread(self.backend.execute, op)
+        pool = self._pool(op)
+        return await asyncio.get_running_loop().run_in_executor(pool, self.backend.execute, op)
 
     def __repr__(self) -> str:
         return f"ThreadedAsync({self.backend!r})"

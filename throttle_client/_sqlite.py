@@ -283,6 +283,7 @@ class SQLiteBackend:
         self._clock = clock
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._writers = (os.getpid(), threading.Lock())
         self._all: list[_Connection] = []  # this process's connections, for close()
         self._repairs = _log.RepairNotice()
         self._connection()  # fail now, naming the path, if the file cannot be used
@@ -328,14 +329,31 @@ class SQLiteBackend:
         writable = not isinstance(op, Inspect)
         try:
             try:
-                result, repaired = self._run(conn, op, writable=writable)
+                if writable:
+                    with self._writer_lock():
+                        result, repaired = self._run(conn, op, writable=True)
+                else:
+                    result, repaired = self._run(conn, op, writable=False)
             except _RepairNeeded:  # a read found part of the key lost: again, as a write
-                result, repaired = self._run(conn, op, writable=True)
+                with self._writer_lock():
+                    result, repaired = self._run(conn, op, writable=True)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         if repaired:  # said once it is committed
             self._repairs(op.key, repaired)
         return result
+
+    def _writer_lock(self) -> threading.Lock:
+        """The threads of one process take turns at the file's write lock through this one:
+        a Python lock hands over at once, in order, where SQLite's busy handler makes the
+        waiters sleep and retry (up to 100 ms apart), leaving the lock idle meanwhile and
+        a burst of threads booking slots later than they asked. Per process: a lock held
+        by another thread at a fork would never be released in the child."""
+        pid, lock = self._writers
+        if pid != os.getpid():
+            lock = threading.Lock()
+            self._writers = (os.getpid(), lock)
+        return lock
 
     def _run(self, conn: _Connection, op: Op[T], *, writable: bool) -> tuple[T, str | None]:
         """``op`` in one transaction, and the part of the key it repaired."""
