@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from throttle_client import ConfigurationError, Limiter, MemoryBackend
+from throttle_client._limiter import WARM_UP
 from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock
 
@@ -143,14 +144,17 @@ def test_slow_answers_book_a_slot_far_enough_ahead_once() -> None:
 
 
 def test_an_answer_slower_than_the_margin_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    """When every round trip is longer than the margin, no call can be proven on time:
-    the limiter says so once and goes by its best estimate instead of rebooking forever."""
+    """When every round trip is longer than the margin, no call can be proven on time.
+    Over the first answers that counts as late (a cold start passes); a store that stays
+    that far is said so once, and calls go by the most hopeful estimate instead of
+    booking again forever."""
     clock = FakeClock()
     store = slow_store(clock, [], 0.05)  # every answer takes 50 ms to come back
     limiter = Limiter(store, rates=["100/second"], margin=0.025, clock=clock)
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
-        decisions = [limiter.try_acquire("k") for _ in range(3)]
-    assert all(d.allowed for d in decisions)
+        decisions = [limiter.try_acquire("k") for _ in range(WARM_UP + 3)]
+    assert all(not d.allowed and d.late_wakeups == 1 for d in decisions[: WARM_UP - 1])
+    assert all(d.allowed for d in decisions[WARM_UP - 1 :])
     warned = [r for r in caplog.records if "widen it" in r.getMessage()]
     assert len(warned) == 1 and "50.0 ms" in warned[0].getMessage()
 

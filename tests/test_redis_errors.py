@@ -64,6 +64,14 @@ CASES = [
     (rx.ReadOnlyError("You can't write against a read only replica."), UNAVAILABLE),
     (rx.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), UNAVAILABLE),
     (rx.ResponseError("BUSY Redis is busy running a script."), UNAVAILABLE),
+    (rx.ResponseError("NOREPLICAS Not enough good replicas to write."), UNAVAILABLE),
+    (
+        rx.ResponseError(
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable "
+            "to persist to disk."
+        ),
+        UNAVAILABLE,
+    ),
     (rx.ClusterError("TTL exhausted."), UNAVAILABLE),
     (rx.SlotNotCoveredError("Command # 1 (EVALSHA) of pipeline caused error"), UNAVAILABLE),
     (rx.RedisClusterException("Redis Cluster cannot be connected."), UNAVAILABLE),

@@ -219,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="SECONDS",
                 help="the limiter's minimum interval",
             )
+            sub.add_argument(
+                "--margin",
+                type=_seconds(0, inclusive=True),
+                default=_demo.DEFAULT_MARGIN,
+                metavar="SECONDS",
+                help="the limiter's margin (default %(default)s): it widens the windows",
+            )
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.add_argument("keys", nargs="*", metavar="KEY", help="keys (access tokens), or '-'")
     return parser
@@ -263,7 +270,11 @@ def _label(number: int, limiter: Limiter, key: str) -> dict[str, str]:
 def cmd_status(args: argparse.Namespace) -> int:
     keys = _keys(args)
     limiter = Limiter(
-        _open_store(args), rates=args.rate, min_interval=args.min_interval, namespace=args.namespace
+        _open_store(args),
+        rates=args.rate,
+        min_interval=args.min_interval,
+        margin=args.margin,
+        namespace=args.namespace,
     )
     report: list[dict[str, Any]] = []
     for number, key in enumerate(keys, 1):

@@ -22,8 +22,11 @@ class ThrottleTimeout(ThrottleError):
     been admitted at the moment it was refused.
     """
 
-    def __init__(self, retry_after: float, message: str | None = None) -> None:
+    def __init__(
+        self, retry_after: float, message: str | None = None, *, late_wakeups: int = 0
+    ) -> None:
         self.retry_after = retry_after
+        self.late_wakeups = late_wakeups  # slots booked before, woken too late for, unused
         super().__init__(message or f"no slot within the timeout; retry after {retry_after:.3f}s")
 
 

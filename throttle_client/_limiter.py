@@ -51,6 +51,9 @@ log = logging.getLogger("throttle_client")
 # How much later than its slot a request may leave, by default (seconds): see ``margin``
 # in Limiter and the measurements behind this number in benchmarks/README.md.
 DEFAULT_MARGIN = 0.025
+# Answers after which a store whose time is still known less precisely than the margin
+# is taken to be that far for good (see _LimiterCore._late_by).
+WARM_UP = 8
 
 
 def _seconds(us: int) -> float:
@@ -230,7 +233,7 @@ class _LimiterCore:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
                 if refusal:
                     return refused
-                raise ThrottleTimeout(refused.retry_after)
+                raise ThrottleTimeout(refused.retry_after, late_wakeups=late_wakeups)
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
             answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
@@ -276,7 +279,7 @@ class _LimiterCore:
         self, op: Acquire, max_wait_us: int, started: float, now: float, lead_us: int
     ) -> Acquire:
         """``op`` asked again at ``now`` as a new call, with what is left of its wait."""
-        left = -1 if max_wait_us < 0 else max(0, max_wait_us - round((now - started) * US))
+        left = max(0, max_wait_us - round((now - started) * US))
         return dataclasses.replace(
             op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
         )
@@ -285,12 +288,15 @@ class _LimiterCore:
         """How far past ``slot`` a call at local time ``now`` may be, on the store's clock.
 
         When the store's time is known less precisely than the margin (a round trip
-        longer than the margin), no wake-up could be proven on time: the best estimate
-        is used instead, and a warning says to widen the margin.
+        longer than the margin), no call can be proven on time. Over the first answers
+        (a cold connection, a burst of tasks starting together) that counts as late: the
+        call books again, and its answer tightens what is known. A store that stays that
+        far (WARM_UP answers on) cannot be helped by booking again: the most hopeful
+        estimate is used instead, and a warning says to widen the margin.
         """
         late = clock.late_by(slot, now)
         spread = clock.spread(now)
-        if spread <= self.margin:
+        if spread <= self.margin or clock.answers < WARM_UP:
             return late
         if not self._warned_spread.is_set():
             self._warned_spread.set()

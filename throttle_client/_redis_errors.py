@@ -70,6 +70,11 @@ TABLE: tuple[tuple[type[BaseException], str, str], ...] = (
     # BUSY: another client's script runs past lua-time-limit; the server answers
     # again when it ends or is killed.
     (rx.ResponseError, "BUSY ", UNAVAILABLE),
+    # NOREPLICAS: min-replicas-to-write not met (a replica is down or lagging); MISCONF:
+    # the last RDB save failed and stop-writes-on-bgsave-error refuses writes. Both
+    # pass once the replicas or the disk are back, without a change on our side.
+    (rx.ResponseError, "NOREPLICAS ", UNAVAILABLE),
+    (rx.ResponseError, "MISCONF ", UNAVAILABLE),
     # redis-py's Cluster client gave up after its own retries (ClusterError: "TTL
     # exhausted"), e.g. during a failover.
     (rx.ClusterError, "", UNAVAILABLE),

@@ -19,6 +19,7 @@ from __future__ import annotations
 # 500 ppm: the fastest rate at which NTP slews a clock, so two disciplined clocks drift
 # apart no faster than this (about 2 ms per 4 s); a fresh bracket arrives with every call.
 DRIFT = 5e-4
+ROUNDING = 2e-6  # whole µs, and float seconds since the epoch (a quarter µs apart)
 
 
 class StoreClock:
@@ -28,24 +29,27 @@ class StoreClock:
     tuple, replaced whole, so a race can only keep a looser one for a call.
     """
 
-    __slots__ = ("_drift", "_high", "_low")
+    __slots__ = ("_drift", "_high", "_low", "answers")
 
     def __init__(self, *, drift: float = DRIFT) -> None:
         self._drift = drift  # 0 when the store follows this very clock (an injected one)
+        self.answers = 0  # how many were observed (racy under threads: a rough count)
         self._low: tuple[float, float] | None = None  # (offset, local time it was taken)
         self._high: tuple[float, float] | None = None
 
     def observe(self, sent: float, received: float, store_now: float) -> None:
         """One answer stamped ``store_now`` (store seconds), asked at local ``sent``,
         read at local ``received``."""
+        self.answers += 1
         low, high = (store_now - received, received), (store_now - sent, sent)
         if (
             self._low is None
             or self._high is None
             # An answer outside what is known: the store's clock stepped, or another
             # clock answered (a failover, another Cluster node). What was known is wrong.
-            or low[0] > self.high(received)
-            or high[0] < self.low(sent)
+            # (Beyond ROUNDING: times are whole µs of the store and float seconds here.)
+            or low[0] > self.high(received) + ROUNDING
+            or high[0] < self.low(sent) - ROUNDING
         ):
             self._low, self._high = low, high
             return
