@@ -228,7 +228,8 @@ class _LimiterCore:
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
             verdict, from_store, now = yield op
-            clock = self._observe(from_store, sent, now, verdict.now_us)
+            # The policy's answers are made here, at the end of the call: none came late.
+            clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
                 if refusal:
@@ -242,8 +243,11 @@ class _LimiterCore:
                 now = yield _Sleep(wake - now)
                 # After a long sleep what is known of the store's clock has aged past the
                 # margin (DRIFT): one read of the store's time renews it. Sleeps shorter
-                # than about margin / (2 * DRIFT), 25 s by default, never need it.
-                if recheck_pause or clock.spread(now) > self.margin > 0:
+                # than about margin / (2 * DRIFT), 25 s by default, never need it, nor
+                # does a store whose round trip alone is longer than the margin.
+                if recheck_pause or (
+                    self.margin and clock.spread(now) > self.margin >= clock.width()
+                ):
                     asked = now
                     snap, from_store, now = yield _Look(self._inspect_op(key, now))
                     if snap is not None:  # None: the store went away; the slot stands
@@ -252,7 +256,10 @@ class _LimiterCore:
                             log.debug("throttle_client: paused while it slept; queueing again")
                             op, sent = self._rebook(op, max_wait_us, started, now, 0), now
                             continue
-            late = self._late_by(clock, slot, now) if self.margin else 0.0
+            # A call that can wait may book again if its own answer came too late to
+            # tell (not a sleep whose wake-up only the width of the bracket blurs).
+            rebook_if_unsure = answered_late and not refusal
+            late = self._late_by(clock, slot, now, rebook_if_unsure) if self.margin else 0.0
             if late <= self.margin:
                 return self._decision(verdict, cost, waited=slept, late_wakeups=late_wakeups)
             late_wakeups += 1
@@ -284,20 +291,24 @@ class _LimiterCore:
             op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
         )
 
-    def _late_by(self, clock: StoreClock, slot: float, now: float) -> float:
+    def _late_by(self, clock: StoreClock, slot: float, now: float, rebook_if_unsure: bool) -> float:
         """How far past ``slot`` a call at local time ``now`` may be, on the store's clock.
 
         When the store's time is known less precisely than the margin (a round trip
         longer than the margin), no call can be proven on time. Over the first answers
-        (a cold connection, a burst of tasks starting together) that counts as late: the
-        call books again, and its answer tightens what is known. A store that stays that
-        far (WARM_UP answers on) cannot be helped by booking again: the most hopeful
+        (a cold connection, a burst of tasks starting together) an acquire whose answer
+        came back too late to tell counts as late: it books again, a round trip ahead,
+        and its answer tightens what is known (a try_acquire is not refused for its
+        cold start, nor a call for the blur of a wake-up). A store that stays that far
+        (WARM_UP answers on) cannot be helped by booking again: the most hopeful
         estimate is used instead, and a warning says to widen the margin.
         """
         late = clock.late_by(slot, now)
         spread = clock.spread(now)
-        if spread <= self.margin or clock.answers < WARM_UP:
+        if spread <= self.margin or (rebook_if_unsure and clock.answers < WARM_UP):
             return late
+        if clock.answers < WARM_UP:
+            return late - spread
         if not self._warned_spread.is_set():
             self._warned_spread.set()
             log.warning(

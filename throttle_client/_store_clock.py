@@ -70,6 +70,11 @@ class StoreClock:
         offset, at = self._high
         return offset + self._drift * abs(now - at)
 
+    def width(self) -> float:
+        """How wide the bracket was when taken: what a read of the store's time can give."""
+        assert self._low is not None and self._high is not None, "observe() an answer first"
+        return self._high[0] - self._low[0]
+
     def spread(self, now: float) -> float:
         """How wide the bracket is at local time ``now``: the uncertainty of the store's time."""
         return self.high(now) - self.low(now)
