@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,22 +43,29 @@ def find_binary(name: str) -> str:
     return str(shipped)
 
 
+# Ports are drawn below Linux's default ephemeral range (32768-60999), bus included: a
+# port the system hands out for outgoing connections could be taken by one of them
+# between this check and the server's bind (under a test with a thousand clients).
+_PORTS = range(10_000, 22_000)
+_draw = random.Random()  # its own: a test that seeds random must not replay our ports
+
+
 def free_port(*, with_bus: bool = False) -> int:
     """A loopback port nobody listens on (and port + 10000 too, for a cluster bus)."""
     for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if not with_bus:
-            return port
-        if port + 10000 < 65536:
-            with socket.socket() as bus:
-                try:
-                    bus.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
+        port = _draw.choice(_PORTS)
+        if all(_bindable(p) for p in ([port, port + 10000] if with_bus else [port])):
             return port
     raise RedisUnavailableError("no free loopback port found")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _ping(port: int, timeout: float = 0.2) -> bool:
