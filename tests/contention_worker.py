@@ -90,6 +90,7 @@ class Report:
     admitted: list[Admitted]
     refused: dict[str, int]
     error: str | None = None
+    late_units: int = 0  # units of slots booked, woken too late for, whose rebook timed out
 
 
 def backoff(role: str, retry_after: float, end: float) -> float:
@@ -119,6 +120,7 @@ def _sync_loop(limiter: Limiter, plan: Plan, role: str, end: float, report: Repo
                 decision = limiter.acquire(plan.key, cost, timeout=TIMEOUTS[role])
         except ThrottleTimeout as exc:
             retry_after = exc.retry_after
+            report.late_units += exc.late_wakeups * cost
         else:
             if decision.allowed:
                 report.admitted.append(Admitted(decision.slot, cost, role, decision.late_wakeups))
@@ -141,6 +143,7 @@ async def _async_loop(
                 decision = await limiter.acquire(plan.key, cost, timeout=TIMEOUTS[role])
         except ThrottleTimeout as exc:
             retry_after = exc.retry_after
+            report.late_units += exc.late_wakeups * cost
         else:
             if decision.allowed:
                 report.admitted.append(Admitted(decision.slot, cost, role, decision.late_wakeups))

@@ -194,6 +194,7 @@ def test_processes_share_one_key_exactly(
     possible = sum(cost for _, cost in itertools.takewhile(lambda e: e[0] <= slots[-1], best))
     # By slot, a late wake-up's slot counts as used: it stays booked, unused (issue 8).
     used = prefix[-1] + sum(a.late * a.cost for r in reports for a in r.admitted)
+    used += sum(r.late_units for r in reports)
     by_role = collections.Counter(
         f"{'async' if plans[r.index].asynchronous else 'sync'}-{a.role}"
         for r in reports
