@@ -406,7 +406,10 @@ class Outcome:
             f"by arrival, {self.late_wakeups} late wake-ups, utilisation by slot "
             f"{self.use_by_slot:.1%} ({self.used}/{self.possible_by_slot}), arrival - slot "
             f"p50 {quantile(self.lateness, 0.5) * 1000:.1f} ms, "
-            f"max {max(self.lateness, default=0.0) * 1000:.1f} ms"
+            f"max {max(self.lateness, default=0.0) * 1000:.1f} ms (of it at most: waking "
+            f"{max(self.waking, default=0.0) * 1000:.1f}, preparing "
+            f"{max(self.preparing, default=0.0) * 1000:.1f}, in flight "
+            f"{max(self.in_flight, default=0.0) * 1000:.1f} ms)"
         )
 
 
