@@ -13,6 +13,10 @@ its own process) counts arrivals with tolerance 0. What must hold:
 
 On the old code (no margin: slots exactly on the quota) arrivals crowd the windows and
 the gap: a request leaves a little after its slot, by a delay that varies.
+
+A run in which a window was crowded although the limiter let every call go within the
+margin (the machine stalled a request between the limiter and the upstream, for longer
+than the rest of the margin) is run once more and judged the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from tests import arrivals_harness as harness
 from throttle_client._limiter import DEFAULT_MARGIN
 
 MIN_USE = 0.95
+
+
+def stalled_after_release(outcome: harness.Outcome) -> bool:
+    """An arrival crowded a window, though every call left within the margin."""
+    crowded = outcome.rejected or outcome.over_by_arrival or outcome.close_by_arrival
+    return bool(crowded) and max(outcome.waking, default=0.0) <= DEFAULT_MARGIN
 
 
 @pytest.fixture
@@ -40,6 +50,13 @@ def test_the_upstream_never_counts_too_many(
     store = request.getfixturevalue(store_fixture)
     outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
     print(outcome.summary())
+    if stalled_after_release(outcome):
+        # The limiter let every call go within the margin of its slot, but a request
+        # then took longer than the rest of the margin to reach the upstream: this small
+        # machine stalled where no limiter can look (README: "what the margin cannot
+        # see"). Once more, judged exactly the same; a limiter at fault fails either way.
+        outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
+        print("again:", outcome.summary())
 
     assert outcome.sent > 50, f"too few requests to judge: {outcome.summary()}"
     assert len(outcome.lateness) == outcome.sent, "every arrival is paired with its slot"
