@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -240,3 +241,18 @@ def test_an_answer_from_another_clock_replaces_what_was_known() -> None:
     known.observe(11.0, 11.001, 1001.05)  # offset in [990.049, 990.05]: outside, ahead
     assert known.low(11.0) == pytest.approx(990.049) and known.high(11.0) == pytest.approx(990.05)
     assert known.wake_at(1002.0) >= 1002.0 - 990.049 - 1e-9  # never before on the new clock
+
+
+def test_a_sleep_that_ends_early_is_slept_out() -> None:
+    """A timer that fires 2 ms early (uvloop rounds to milliseconds) must not let a call
+    go before its slot: the rest is slept too."""
+    backend = MemoryBackend()  # the host's clock, as the store's
+    limiter = Limiter(
+        backend,
+        rates=["1/0.05 seconds"],
+        margin=0.025,
+        sleep=lambda seconds: time.sleep(seconds - 0.002 if seconds > 0.01 else seconds),
+    )
+    limiter.acquire("k")
+    decision = limiter.acquire("k")
+    assert time.time() >= decision.slot and decision.late_wakeups == 0

@@ -9,7 +9,10 @@ answer the same four operations with exactly the semantics of DESIGN §2.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -150,18 +153,29 @@ class ThreadedAsync:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._pools: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()
 
     def _pool(self, op: Op[Any]) -> ThreadPoolExecutor:
-        # Threads do not cross a fork: a child makes its own pools.
-        if self._pools is None or self._pools[0] != os.getpid():
-            writer = ThreadPoolExecutor(1, thread_name_prefix="throttle-client-write")
-            readers = ThreadPoolExecutor(2, thread_name_prefix="throttle-client-read")
-            self._pools = (os.getpid(), writer, readers)
-        return self._pools[2] if isinstance(op, Inspect) else self._pools[1]
+        with self._lock:
+            # Threads do not cross a fork: a child makes its own pools.
+            if self._pools is None or self._pools[0] != os.getpid():
+                writer = ThreadPoolExecutor(1, thread_name_prefix="throttle-client-write")
+                readers = ThreadPoolExecutor(2, thread_name_prefix="throttle-client-read")
+                self._pools = (os.getpid(), writer, readers)
+            return self._pools[2] if isinstance(op, Inspect) else self._pools[1]
 
     async def execute(self, op: Op[T]) -> T:
         pool = self._pool(op)
-        return await asyncio.get_running_loop().run_in_executor(pool, self.backend.execute, op)
+        run = functools.partial(contextvars.copy_context().run, self.backend.execute, op)
+        return await asyncio.get_running_loop().run_in_executor(pool, run)
+
+    def shutdown(self) -> None:
+        """Let this process's threads go (a later operation starts new ones)."""
+        with self._lock:
+            pools, self._pools = self._pools, None
+        if pools is not None and pools[0] == os.getpid():
+            pools[1].shutdown(wait=False)
+            pools[2].shutdown(wait=False)
 
     def __repr__(self) -> str:
         return f"ThreadedAsync({self.backend!r})"

@@ -284,6 +284,7 @@ class SQLiteBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._writers = (os.getpid(), threading.Lock())
+        self._async: ThreadedAsync | None = None
         self._all: list[_Connection] = []  # this process's connections, for close()
         self._repairs = _log.RepairNotice()
         self._connection()  # fail now, naming the path, if the file cannot be used
@@ -305,7 +306,7 @@ class SQLiteBackend:
             db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
             # One statement at a time inside our own transaction (executescript would
             # commit first): processes that start together create the tables once.
-            with _transaction(db, "BEGIN IMMEDIATE"):
+            with self._writer_lock(), _transaction(db, "BEGIN IMMEDIATE"):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
@@ -343,17 +344,28 @@ class SQLiteBackend:
             self._repairs(op.key, repaired)
         return result
 
-    def _writer_lock(self) -> threading.Lock:
+    @contextmanager
+    def _writer_lock(self) -> Iterator[None]:
         """The threads of one process take turns at the file's write lock through this one:
-        a Python lock hands over at once, in order, where SQLite's busy handler makes the
-        waiters sleep and retry (up to 100 ms apart), leaving the lock idle meanwhile and
-        a burst of threads booking slots later than they asked. Per process: a lock held
-        by another thread at a fork would never be released in the child."""
-        pid, lock = self._writers
-        if pid != os.getpid():
-            lock = threading.Lock()
-            self._writers = (os.getpid(), lock)
-        return lock
+        a Python lock hands over at once, where SQLite's busy handler makes the waiters
+        sleep and retry (up to 100 ms apart), leaving the lock idle meanwhile and a burst
+        of threads booking slots later than they asked. Waited for no longer than
+        ``busy_timeout``, as SQLite's own lock is. Per process: a lock held by another
+        thread at a fork would never be released in the child."""
+        with self._lock:
+            pid, lock = self._writers
+            if pid != os.getpid():
+                lock = threading.Lock()
+                self._writers = (os.getpid(), lock)
+        if not lock.acquire(timeout=self.busy_timeout):
+            raise BackendUnavailable(
+                f"SQLite store {str(self.path)!r} is unavailable: this process's other "
+                f"threads held it past busy_timeout={self.busy_timeout:g}s"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _run(self, conn: _Connection, op: Op[T], *, writable: bool) -> tuple[T, str | None]:
         """``op`` in one transaction, and the part of the key it repaired."""
@@ -375,8 +387,13 @@ class SQLiteBackend:
         return result, repaired
 
     def to_async(self) -> ThreadedAsync:
-        """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a lock."""
-        return ThreadedAsync(self)
+        """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a
+        lock. One for the backend, however many limiters use it: its threads each hold
+        a connection."""
+        with self._lock:
+            if self._async is None:
+                self._async = ThreadedAsync(self)
+            return self._async
 
     def close(self) -> None:
         """Close this process's connections; a later operation opens a new one."""
@@ -386,6 +403,8 @@ class SQLiteBackend:
         for conn in mine:
             conn.db.close()
         self._local = threading.local()
+        if self._async is not None:
+            self._async.shutdown()
 
     def __len__(self) -> int:
         """How many keys the file holds now (for tests of bounded storage)."""

@@ -52,6 +52,7 @@ class StoreClock:
             or high[0] < self.low(sent) - ROUNDING
         ):
             self._low, self._high = low, high
+            self.answers = 1  # a new clock: its warm-up starts again
             return
         if low[0] >= self.low(received):
             self._low = low
