@@ -306,7 +306,7 @@ class SQLiteBackend:
             db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
             # One statement at a time inside our own transaction (executescript would
             # commit first): processes that start together create the tables once.
-            with self._writer_lock(), _transaction(db, "BEGIN IMMEDIATE"):
+            with _transaction(db, "BEGIN IMMEDIATE"):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
