@@ -283,6 +283,15 @@ class _LimiterCore:
             lead = round(2 * (now - sent) * US) if answered_late else 0
             op, sent = self._rebook(op, max_wait_us, started, now, lead), now
 
+    def _waiting_flow(
+        self, key: str, cost: int, timeout: float | timedelta | None, *, recheck_pause: bool = False
+    ) -> _Flow:
+        """The flow of an acquire (raising ThrottleTimeout), from now."""
+        wait = self._max_wait_us(timeout)
+        return self._acquire_flow(
+            key, cost, wait, self._local(), refusal=False, recheck_pause=recheck_pause
+        )
+
     def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
         """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
         clock = self._store_clock if from_store else self._host_clock
@@ -479,14 +488,11 @@ class Limiter(_LimiterCore):
         Raises ThrottleTimeout (with ``retry_after``), booking nothing, when the slot
         is more than ``timeout`` seconds away.
         """
-        wait = self._max_wait_us(timeout)
-        return self._run(self._acquire_flow(key, cost, wait, self._local(), refusal=False))
+        return self._run(self._waiting_flow(key, cost, timeout))
 
     def _acquire_to_send(self, key: str, cost: int, timeout: float | timedelta | None) -> Decision:
         """acquire() as the transports use it: a call that slept looks for a pause first."""
-        wait = self._max_wait_us(timeout)
-        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False, recheck_pause=True)
-        return self._run(flow)
+        return self._run(self._waiting_flow(key, cost, timeout, recheck_pause=True))
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
@@ -593,17 +599,13 @@ class AsyncLimiter(_LimiterCore):
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
-        wait = self._max_wait_us(timeout)
-        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False)
-        return await self._run(flow)
+        return await self._run(self._waiting_flow(key, cost, timeout))
 
     async def _acquire_to_send(
         self, key: str, cost: int, timeout: float | timedelta | None
     ) -> Decision:
         """acquire() as the transports use it: a call that slept looks for a pause first."""
-        wait = self._max_wait_us(timeout)
-        flow = self._acquire_flow(key, cost, wait, self._local(), refusal=False, recheck_pause=True)
-        return await self._run(flow)
+        return await self._run(self._waiting_flow(key, cost, timeout, recheck_pause=True))
 
     async def usage(self, key: str) -> Usage:
         return self._usage((await self._execute(self._inspect_op(key, self._local())))[0])

@@ -352,11 +352,13 @@ class SQLiteBackend:
         of threads booking slots later than they asked. Waited for no longer than
         ``busy_timeout``, as SQLite's own lock is. Per process: a lock held by another
         thread at a fork would never be released in the child."""
-        with self._lock:
-            pid, lock = self._writers
-            if pid != os.getpid():
-                lock = threading.Lock()
-                self._writers = (os.getpid(), lock)
+        pid, lock = self._writers
+        if pid != os.getpid():  # rare: made under the backend's lock, not looked up under it
+            with self._lock:
+                pid, lock = self._writers
+                if pid != os.getpid():
+                    lock = threading.Lock()
+                    self._writers = (os.getpid(), lock)
         if not lock.acquire(timeout=self.busy_timeout):
             raise BackendUnavailable(
                 f"SQLite store {str(self.path)!r} is unavailable: this process's other "
