@@ -3,7 +3,7 @@
 Deliberately the slowest obvious reading of the spec: every admitted call is kept
 forever in a plain list of (time, cost), every window sum is a brute-force sum, and
 the earliest slot is found by trying candidate times in order. It shares no code
-with ``throttle_client._log`` (which keeps running totals, trims, and answers by
+with ``throttle_client._backends.sliding_log`` (which keeps running totals, trims, and answers by
 indexed lookups), so agreement between the two means something.
 
 All times are whole microseconds.

@@ -35,7 +35,7 @@ from throttle_client import (
     SQLiteBackend,
     ThrottleTimeout,
 )
-from throttle_client._ops import Acquire, Policy
+from throttle_client._backends.base import Acquire, Quota
 from throttle_client._ranges import MAX_SECONDS
 from throttle_client.testing import FakeClock
 
@@ -144,7 +144,7 @@ def stored(limiter: Any, request: pytest.FixtureRequest) -> int:
     backend = limiter.backend
     backend = getattr(backend, "backend", backend)  # the store an AsyncLimiter wraps
     if isinstance(backend, MemoryBackend):
-        return len(backend)
+        return len(backend._logs)
     if isinstance(backend, SQLiteBackend):
         with sqlite3.connect(backend.path) as db:
             tables = ("tc_entries", "tc_meta")
@@ -376,7 +376,7 @@ def test_the_script_refuses_a_bad_cost_too(redis_url: str, store: redis.Redis, c
     backend = RedisBackend(redis_url)
     op = Acquire(
         key="default:{abc}",
-        policy=Policy(limits=((3, 1_000_000),), min_interval_us=0),
+        quota=Quota(limits=((3, 1_000_000),), min_interval_us=0),
         cost=cost,
         max_wait_us=-1,
         call_id="id-1",
@@ -392,7 +392,7 @@ def test_the_script_refuses_a_bad_rate(redis_url: str, store: redis.Redis) -> No
     backend = RedisBackend(redis_url)
     op = Acquire(
         key="default:{abc}",
-        policy=Policy(limits=((0, 1_000_000),), min_interval_us=0),
+        quota=Quota(limits=((0, 1_000_000),), min_interval_us=0),
         cost=1,
         max_wait_us=-1,
         call_id="id-1",

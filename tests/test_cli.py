@@ -164,7 +164,7 @@ def test_status_and_reset_on_sqlite(tmp_path: Path) -> None:
     assert [r["used"] for r in entry["rates"]] == [3, 3]
     assert [r["remaining"] for r in entry["rates"]] == [2, 97]
     assert 500 < entry["paused_for"] <= 600 and entry["next_slot_in"] > 500
-    assert entry["key"] == "key 1" and entry["store_key"] == limiter._key(TOKEN)
+    assert entry["key"] == "key 1" and entry["store_key"] == limiter.store_key(TOKEN)
 
     text = cli("status", *common, "--rate", "5/minute", TOKEN)
     assert "used 3, booked 0, remaining 2, a call can go in" not in text.stdout  # it can now

@@ -33,7 +33,7 @@ from throttle_client import (
     LocalFallback,
     RedisBackend,
 )
-from throttle_client._redis import store_keys
+from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import (
     FakeClock,
     RedisClusterServers,
@@ -89,7 +89,7 @@ def test_allow_policy_fails_open_and_says_so_once(own_redis, caplog) -> None:
 def test_wrongtype_is_an_error_even_when_failing_open(own_redis: RedisServer) -> None:
     limiter = Limiter(RedisBackend(own_redis.url), rates=["5/second"], on_unavailable="allow")
     client = redis.Redis.from_url(own_redis.url)
-    client.set(store_keys(limiter._key("token"))[0], "not a sorted set")
+    client.set(redis_keys(limiter.store_key("token"))[0], "not a sorted set")
     with pytest.raises(BackendError) as info:
         limiter.try_acquire("token")
     assert not isinstance(info.value, BackendUnavailable)
@@ -214,7 +214,7 @@ def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
         thread.join()
     assert errors == []
     limiter = Limiter(RedisBackend(own_redis.url), rates=["100000/hour"])
-    booked = admin.zcount(store_keys(limiter._key("token"))[0], 0, "+inf")  # slot entries
+    booked = admin.zcount(redis_keys(limiter.store_key("token"))[0], 0, "+inf")  # slot entries
     assert admitted[0] > 100 and booked == admitted[0]  # nothing counted twice, none lost
     admin.close()
 
@@ -226,7 +226,7 @@ def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
         limiter = Limiter(RedisBackend(cluster.url, cluster=True), rates=["1000/second"])
         assert limiter.try_acquire("token").allowed
         client = redis.cluster.RedisCluster.from_url(cluster.url)
-        primary = client.get_node_from_key(store_keys(limiter._key("token"))[0])
+        primary = client.get_node_from_key(redis_keys(limiter.store_key("token"))[0])
         client.close()
         victim = next(node for node in cluster.nodes if node.port == primary.port)
         victim.kill()

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from throttle_client import ConfigurationError, Limiter, MemoryBackend
-from throttle_client._keys import SECRET_ENV, check_namespace, resolve_secret, store_key
+from throttle_client._keys import SECRET_ENV, check_namespace, resolve_secret
+from throttle_client._keys import hashed_key as store_key
 
 TOKEN = "EAAB-access-token-0123456789abcdef"
 SECRET = b"s3cret"
@@ -71,3 +72,13 @@ def test_limiters_with_different_secrets_do_not_share_logs() -> None:
     assert one.try_acquire(TOKEN)
     assert not same.try_acquire(TOKEN)
     assert two.try_acquire(TOKEN)
+
+
+def test_the_public_store_key_is_the_limiters() -> None:
+    from throttle_client import store_key as public_store_key
+
+    limiter = Limiter(MemoryBackend(), rates=["1/second"], namespace="gh", key_secret=SECRET)
+    assert public_store_key(TOKEN, namespace="gh", key_secret=SECRET) == limiter.store_key(TOKEN)
+    assert public_store_key(TOKEN) != limiter.store_key(TOKEN)  # another namespace and secret
+    with pytest.raises(ConfigurationError, match="namespace"):
+        public_store_key(TOKEN, namespace="")

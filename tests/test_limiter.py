@@ -317,3 +317,18 @@ def test_decision_fields(make_limiter: Any) -> None:
     assert us(admitted.slot) == us(clock.now) and admitted.rates == (Rate(2, 1),)
     refused = limiter.try_acquire("k")
     assert not refused and us(refused.slot) == us(clock.now) + US
+
+
+def test_a_store_forgets_a_key_by_its_store_key_and_answers_a_ping(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["1/minute"])
+    assert limiter.try_acquire("k") and limiter.try_acquire("other")
+    assert not limiter.try_acquire("k")
+    store, name = limiter.backend, limiter.store_key("k")
+    if make_limiter.mode == "async":
+        limiter.loop.run_until_complete(store.aping())
+        limiter.loop.run_until_complete(store.aforget(name))
+    else:
+        store.ping()
+        store.forget(name)
+    assert limiter.try_acquire("k")  # forgotten
+    assert not limiter.try_acquire("other")  # only that key

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from throttle_client import ConfigurationError, Limiter, MemoryBackend
+from throttle_client import Backend, ConfigurationError, Limiter, MemoryBackend
 from throttle_client._limiter import WARM_UP
 from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock
@@ -103,7 +103,7 @@ def slow_store(clock: FakeClock, delays: list[float], late: float) -> Any:
     after it decided."""
     inner = MemoryBackend()
 
-    class SlowAnswers:
+    class SlowAnswers(Backend):
         def execute(self, op: Any) -> Any:
             answer = inner.execute(op)
             clock.advance(delays.pop(0) if delays else late)
@@ -198,7 +198,7 @@ def test_calls_leave_within_the_margin_and_arrivals_keep_the_exact_quota(
     answer_delays: list[float] = []
     wake_delays: list[float] = []
 
-    class SlowAnswers:
+    class SlowAnswers(Backend):
         def execute(self, op: Any) -> Any:
             answer = inner.execute(op)
             clock.advance(answer_delays.pop(0) if answer_delays else 0.0)

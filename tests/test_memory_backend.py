@@ -13,6 +13,8 @@ import math
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from throttle_client import AsyncLimiter, Limiter, MemoryBackend
 from throttle_client.testing import FakeClock
 
@@ -134,15 +136,15 @@ def test_idle_keys_are_forgotten() -> None:
     limiter = Limiter(backend, rates=["5/second", "10/minute"], margin=0, clock=clock)
     for n in range(100):
         limiter.acquire(f"token-{n}")
-    assert len(backend) == 100
+    assert len(backend._logs) == 100
     clock.advance(30)
     for _ in range(1100):  # the store sweeps as it works
         limiter.try_acquire("busy")
-    assert len(backend) == 101  # within the minute nothing may be forgotten
+    assert len(backend._logs) == 101  # within the minute nothing may be forgotten
     clock.advance(61)
     for _ in range(1100):
         limiter.usage("busy")
-    assert len(backend) <= 1
+    assert len(backend._logs) <= 1
 
 
 def test_a_reset_or_an_expired_key_is_dropped() -> None:
@@ -152,19 +154,26 @@ def test_a_reset_or_an_expired_key_is_dropped() -> None:
     limiter.acquire("a")
     limiter.acquire("b")
     limiter.reset("a")
-    assert len(backend) == 1
+    assert len(backend._logs) == 1
     limiter.usage("never seen")
-    assert len(backend) == 1  # looking creates nothing
+    assert len(backend._logs) == 1  # looking creates nothing
     clock.advance(1)
     assert limiter.try_acquire("b")  # an expired log is replaced, never mistaken for busy
-    assert len(backend) == 1
+    assert len(backend._logs) == 1
 
 
-def test_memory_backend_uses_its_own_clock_without_an_injected_one() -> None:
+def test_a_clock_given_to_the_backend_still_works_but_is_deprecated() -> None:
     clock = FakeClock()
-    backend = MemoryBackend(clock=clock)
+    with pytest.warns(DeprecationWarning, match=r"MemoryBackend\(clock=\.\.\.\) is deprecated"):
+        backend = MemoryBackend(clock=clock)
     limiter = Limiter(backend, rates=["1/second"], margin=0)
     assert limiter.try_acquire("k")
     assert us(limiter.try_acquire("k").retry_after) == US
     clock.advance(1)
     assert limiter.try_acquire("k")
+
+
+def test_a_backend_is_truthy_and_a_context_manager_even_when_empty() -> None:
+    with MemoryBackend() as backend:
+        assert bool(backend)  # an empty store is still a store
+        assert Limiter(backend, rates=["1/second"]).try_acquire("k")

@@ -33,7 +33,7 @@ from throttle_client import (
     RedisBackend,
     SQLiteBackend,
 )
-from throttle_client._redis import store_keys
+from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import FakeClock
 
 TOKEN = "EAAB-very-secret-access-token-5f3c"
@@ -59,7 +59,7 @@ class RedisStore:
         self.kind = "cluster" if cluster else "redis"
 
     def part(self, key: str, part: str) -> bytes:
-        log, meta = store_keys(key)
+        log, meta = redis_keys(key)
         return log if part == "log" else meta
 
     def drop(self, key: str, part: str) -> None:
@@ -144,7 +144,7 @@ class Run:
             clock=self.clock,
             sleep=self.clock.sleep,
         )
-        self.key = self.limiter._key(TOKEN)
+        self.key = self.limiter.store_key(TOKEN)
         self.model = Model([(r.limit, us(r.period)) for r in rates], us(gap))
         self.exact = True
         self.booked: list[int] = []
@@ -349,7 +349,7 @@ def test_two_clocks_apart_never_let_the_log_expire_first(redis_url: str) -> None
         Limiter(store.backend, rates=["5/0.05 seconds"], margin=0, clock=clock, sleep=clock.sleep)
         for clock in (ahead, behind)
     ]
-    log, meta = store_keys(limiters[0]._key(TOKEN))
+    log, meta = redis_keys(limiters[0].store_key(TOKEN))
     for limiter in limiters:
         limiter.acquire(TOKEN)  # the one behind books after the other: it waits 10 s
     assert behind.slept == [10.0]

@@ -33,7 +33,7 @@ from throttle_client import (
     RedisBackend,
     ThrottleTimeout,
 )
-from throttle_client._redis import store_keys
+from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import FakeClock, RedisServer
 
 TOKEN = "EAAB-very-secret-access-token-5f3c"
@@ -125,7 +125,7 @@ def test_the_token_is_not_in_any_command_sent(
     assert not thread.is_alive(), "MONITOR never saw the end marker"
     scripts = [c for c in commands if c.startswith(("EVALSHA", "EVAL "))]
     assert len(scripts) >= 6  # the monitor did see the calls, with their arguments
-    assert all(limiter._key(TOKEN) in c for c in scripts)
+    assert all(limiter.store_key(TOKEN) in c for c in scripts)
     assert not [c for c in commands if "secret" in c]
 
 
@@ -177,7 +177,7 @@ def test_the_log_is_trimmed_to_about_the_limit(backend: RedisBackend, client: re
     )
     for _ in range(200):  # 10x the longest limit, over many windows
         limiter.acquire(TOKEN)
-    log = store_keys(limiter._key(TOKEN))[0]
+    log = redis_keys(limiter.store_key(TOKEN))[0]
     entries = client.zcount(log, 0, "+inf")  # "s" members, scored by slot
     ids = client.zcount(log, "-inf", -1)  # "c" members, scored by -(running total)
     # Entries are trimmed in batches once they are a tenth of the longest period (but at
@@ -196,7 +196,7 @@ def test_two_calls_in_the_same_microsecond_are_two_entries(
     limiter = Limiter(backend, margin=0, rates=["5/second"], clock=FakeClock())
     first, second = limiter.try_acquire(TOKEN), limiter.try_acquire(TOKEN)
     assert us(first.slot) == us(second.slot)
-    log = store_keys(limiter._key(TOKEN))[0]
+    log = redis_keys(limiter.store_key(TOKEN))[0]
     entries = client.zrangebyscore(log, 0, "+inf", withscores=True)
     assert len(entries) == 2 and entries[0][1] == entries[1][1]
     assert entries[0][0] != entries[1][0]
@@ -214,7 +214,7 @@ def test_the_same_call_twice_books_once(backend: RedisBackend, client: redis.Red
     assert first.allowed and again.allowed and first.slot_us == again.slot_us
     assert again.remaining == first.remaining == (2,)
     assert limiter.usage(TOKEN).rates[0].used == 3
-    assert client.zcard(store_keys(op.key)[0]) == 2  # one entry: its slot and its call id
+    assert client.zcard(redis_keys(op.key)[0]) == 2  # one entry: its slot and its call id
     fresh = limiter._acquire_op(TOKEN, 1, -1, clock())  # a new call is a new entry
     assert backend.execute(fresh).slot_us == first.slot_us + 100_000
 
@@ -255,7 +255,7 @@ def test_a_key_of_the_wrong_type_is_an_error_never_an_admission(
     limiter = Limiter(
         backend, margin=0, rates=["5/second"], clock=FakeClock(), on_unavailable="allow"
     )
-    key = store_keys(limiter._key(TOKEN))[which]
+    key = redis_keys(limiter.store_key(TOKEN))[which]
     if junk == "string":
         client.set(key, "not a log")
     elif junk == "hash":
@@ -283,7 +283,7 @@ def test_one_tokens_keys_share_one_cluster_slot(cluster_url: str) -> None:
     for n in range(12):
         token = f"{TOKEN}-{n}"
         limiter.acquire(token)
-        keys = store_keys(limiter._key(token))
+        keys = redis_keys(limiter.store_key(token))
         slots = {cluster.cluster_keyslot(key) for key in keys}  # CLUSTER KEYSLOT
         assert len(slots) == 1
         # One multi-key command: refused (CROSSSLOT) unless both share a slot.
@@ -384,7 +384,7 @@ def test_each_redis_version_repairs_partial_state(
     limiter = Limiter(backend, margin=0, rates=["2/second"], clock=clock, sleep=clock.sleep)
     limiter.acquire(TOKEN)
     limiter.acquire(TOKEN)
-    log, meta = store_keys(limiter._key(TOKEN))
+    log, meta = redis_keys(limiter.store_key(TOKEN))
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
         client.delete(log)
         assert us(limiter.acquire(TOKEN).waited) == US  # the lost two, at the last slot
@@ -421,7 +421,7 @@ async def test_a_policy_that_can_evict_the_logs_is_warned_of_once(
         messages = eviction_warnings(caplog)
         assert len(messages) == 2 * warned  # once per backend
         assert all(policy in m and "noeviction" in m for m in messages)
-        assert TOKEN not in caplog.text and limiter._key(TOKEN) not in caplog.text
+        assert TOKEN not in caplog.text and limiter.store_key(TOKEN) not in caplog.text
     finally:
         server.close()
 

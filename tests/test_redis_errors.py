@@ -21,8 +21,8 @@ from throttle_client import (
     Limiter,
     RedisBackend,
 )
-from throttle_client._redis import store_keys
-from throttle_client._redis_errors import (
+from throttle_client._backends.redis import redis_keys
+from throttle_client._backends.redis_errors import (
     DRIVER_ERRORS,
     ERROR,
     MISCONFIGURED,
@@ -161,7 +161,7 @@ def test_a_standalone_client_on_a_cluster_node_is_a_misconfiguration(cluster_url
     token = next(  # a token whose keys live on another node than the one the client names
         f"token-{n}"
         for n in range(1000)
-        if cluster.get_node_from_key(store_keys(limiter._key(f"token-{n}"))[0]).port
+        if cluster.get_node_from_key(redis_keys(limiter.store_key(f"token-{n}"))[0]).port
         != node.connection_pool.connection_kwargs["port"]
     )
     with pytest.raises(BackendError, match=r"MOVED|MovedError") as info:

@@ -5,6 +5,10 @@ when?", before each outbound call; a sliding-window log per key (usually an
 access token) in Redis, SQLite or memory answers.
 """
 
+from ._backends.base import AsyncBackend, Backend
+from ._backends.memory import MemoryBackend
+from ._backends.redis import AsyncRedisBackend, RedisBackend
+from ._backends.sqlite import SQLiteBackend
 from ._decorator import throttled
 from ._errors import (
     BackendError,
@@ -15,14 +19,11 @@ from ._errors import (
     ThrottleTimeout,
 )
 from ._failure import LocalFallback
+from ._keys import store_key
 from ._limiter import AsyncLimiter, Limiter
-from ._memory import MemoryBackend
-from ._ops import AsyncBackend, Backend
 from ._rate import Rate
-from ._redis import AsyncRedisBackend, RedisBackend
 from ._request_key import request_key
 from ._results import Decision, RateUsage, Usage
-from ._sqlite import SQLiteBackend
 from ._transport import (
     AsyncThrottledClient,
     AsyncThrottledTransport,
@@ -62,5 +63,6 @@ __all__ = [
     "Usage",
     "__version__",
     "request_key",
+    "store_key",
     "throttled",
 ]

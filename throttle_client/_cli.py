@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
+from ._backends.base import Backend
+from ._backends.redis import RedisBackend
+from ._backends.sqlite import SQLiteBackend
 from ._errors import BackendError, ConfigurationError, ThrottleError
 from ._keys import SECRET_ENV
 from ._limiter import Limiter
-from ._ops import Backend
 from ._rate import Rate
-from ._redis import RedisBackend
-from ._sqlite import SQLiteBackend
 
 PROG = "throttle-client"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
@@ -264,7 +264,7 @@ def _open_store(args: argparse.Namespace) -> Backend:
 
 def _label(number: int, limiter: Limiter, key: str) -> dict[str, str]:
     # Never the key itself: it is an access token. Its store key is safe to show.
-    return {"key": f"key {number}", "store_key": limiter._key(key)}
+    return {"key": f"key {number}", "store_key": limiter.store_key(key)}
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -43,15 +43,15 @@ from typing import Any
 
 import httpx
 
+from ._backends.base import Backend
+from ._backends.memory import MemoryBackend
+from ._backends.redis import RedisBackend
+from ._backends.sqlite import SQLiteBackend
 from ._errors import ThrottleTimeout
 from ._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
 from ._limiter import Limiter
-from ._memory import MemoryBackend
-from ._ops import Backend
 from ._rate import Rate
-from ._redis import RedisBackend
 from ._results import Decision
-from ._sqlite import SQLiteBackend
 from ._upstream import StrictUpstream
 from .testing import FakeClock
 
@@ -274,7 +274,7 @@ def most_calls(rates: Sequence[Rate], min_interval: float, span: float) -> int:
     same calls places its k-th call earlier)."""
     clock = FakeClock(0.0)
     limiter = Limiter(
-        MemoryBackend(clock=clock),
+        MemoryBackend(),
         rates=list(rates),
         min_interval=min_interval,
         margin=0,  # the quota exactly as the upstream counts it

@@ -31,9 +31,9 @@ from typing import Any, Literal, TypeVar, cast
 
 import tenacity
 
+from ._backends.base import Acquire, Inspect, Op, Pause, Quota, Verdict
+from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
-from ._memory import MemoryBackend
-from ._ops import Acquire, Inspect, Op, Pause, Policy, Verdict
 
 T = TypeVar("T")
 log = logging.getLogger("throttle_client")
@@ -59,11 +59,11 @@ class LocalFallback:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigurationError(f"expected_workers must be a positive integer, not {n!r}")
 
-    def share(self, policy: Policy) -> Policy:
+    def share(self, quota: Quota) -> Quota:
         n = self.expected_workers
-        return Policy(
-            limits=tuple((max(1, limit // n), period) for limit, period in policy.limits),
-            min_interval_us=policy.min_interval_us * n,
+        return Quota(
+            limits=tuple((max(1, limit // n), period) for limit, period in quota.limits),
+            min_interval_us=quota.min_interval_us * n,
         )
 
 
@@ -145,15 +145,13 @@ class FailureGuard:
         last = self.last_error
         if self.fallback is not None and isinstance(op, (Acquire, Inspect, Pause)):
             assert isinstance(self.on_unavailable, LocalFallback)
-            local = cast(
-                Op[T], dataclasses.replace(op, policy=self.on_unavailable.share(op.policy))
-            )
+            local = cast(Op[T], dataclasses.replace(op, quota=self.on_unavailable.share(op.quota)))
             fallback = self.fallback
             return lambda: fallback.execute(local)
         if self.on_unavailable == "allow" and isinstance(op, (Acquire, Pause)):
             now = op.time_us(time.time)
             if isinstance(op, Acquire):
-                limits = tuple(limit for limit, _ in op.policy.limits)
+                limits = tuple(limit for limit, _ in op.quota.limits)
                 verdict = Verdict(True, now, now, 0, limits)
                 return lambda: verdict  # type: ignore[return-value]
             # The pause cannot be shared; the caller still gets its end, as if it held.

@@ -48,8 +48,23 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
-def store_key(secret: bytes, namespace: str, key: str) -> str:
-    """``<namespace>:{<22 chars of HMAC-SHA256>}``: the brace part is the Cluster hash tag."""
+def store_key(
+    key: str, *, namespace: str = "default", key_secret: bytes | str | None = None
+) -> str:
+    """The name under which the stores keep ``key``'s log: ``<namespace>:{<22 characters
+    of HMAC-SHA256>}``. Not secret, so logs and ``throttle-client status`` show it; the
+    token it was made from cannot be read back out of it. ``Limiter.store_key`` gives
+    the same for a limiter's own namespace and secret.
+
+    >>> store_key("ghp_token", namespace="github")
+    'github:{...}'
+    """
+    return hashed_key(resolve_secret(key_secret), check_namespace(namespace), key)
+
+
+def hashed_key(secret: bytes, namespace: str, key: str) -> str:
+    """``store_key`` with a resolved secret and a checked namespace. The brace part is
+    the Cluster hash tag, so both Redis keys of one log live in one slot."""
     if not isinstance(key, str):
         # Never echo a key's value: it is usually an access token.
         raise TypeError(f"a throttling key must be a str, not {type(key).__name__}")

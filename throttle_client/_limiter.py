@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import inspect
 import logging
 import math
 import os
@@ -24,21 +23,21 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
-from ._failure import FailureGuard, OnUnavailable, shrink
-from ._keys import check_namespace, resolve_secret, store_key
-from ._ops import (
+from ._backends.base import (
     Acquire,
     AsyncBackend,
     Backend,
     Inspect,
     Op,
     Pause,
-    Policy,
+    Quota,
     Reset,
     Snapshot,
     Verdict,
 )
+from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
+from ._failure import FailureGuard, OnUnavailable, shrink
+from ._keys import check_namespace, hashed_key, resolve_secret
 from ._ranges import MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, RateUsage, Usage
@@ -140,7 +139,7 @@ class _LimiterCore:
         # there is no spacing to protect, and widening it would cap the rate at 1/margin.
         margin_us = round(slack * US)
         gap_us = round(gap * US)
-        self._policy = Policy(
+        self._quota = Quota(
             limits=tuple((rate.limit, rate.period_us + margin_us) for rate in self.rates),
             min_interval_us=gap_us + margin_us if gap_us else 0,
         )
@@ -149,8 +148,9 @@ class _LimiterCore:
 
     # -- validation -----------------------------------------------------------------
 
-    def _key(self, key: str) -> str:
-        return store_key(self._secret, self.namespace, key)
+    def store_key(self, key: str) -> str:
+        """The name of ``key``'s log in the store (see :func:`throttle_client.store_key`)."""
+        return hashed_key(self._secret, self.namespace, key)
 
     def _cost(self, cost: int) -> int:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
@@ -176,8 +176,8 @@ class _LimiterCore:
 
     def _acquire_op(self, key: str, cost: int, max_wait_us: int, now: float) -> Acquire:
         return Acquire(
-            key=self._key(key),
-            policy=self._policy,
+            key=self.store_key(key),
+            quota=self._quota,
             cost=self._cost(cost),
             max_wait_us=max_wait_us,
             # A fresh id per call: equal slots never collapse, a driver retry never books twice.
@@ -337,7 +337,7 @@ class _LimiterCore:
         return late - spread
 
     def _inspect_op(self, key: str, now: float) -> Inspect:
-        return Inspect(key=self._key(key), policy=self._policy, now_us=self._at(now))
+        return Inspect(key=self.store_key(key), quota=self._quota, now_us=self._at(now))
 
     def _usage(self, snap: Snapshot) -> Usage:
         now = snap.now_us
@@ -360,14 +360,14 @@ class _LimiterCore:
     def _pause_op(self, key: str, seconds: float | timedelta) -> Pause:
         duration = bounded_seconds(seconds, "pause seconds")
         return Pause(
-            key=self._key(key),
-            policy=self._policy,
+            key=self.store_key(key),
+            quota=self._quota,
             duration_us=round(duration * US),
             now_us=self._at(self._local()),
         )
 
     def _reset_op(self, key: str) -> Reset:
-        return Reset(key=self._key(key))
+        return Reset(key=self.store_key(key))
 
     def __repr__(self) -> str:
         rates = ", ".join(map(repr, self.rates))
@@ -413,10 +413,13 @@ class Limiter(_LimiterCore):
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
     ) -> None:
-        if inspect.iscoroutinefunction(getattr(backend, "execute", None)):
+        if isinstance(backend, AsyncBackend):
             raise TypeError(f"{type(backend).__name__} is asynchronous: use AsyncLimiter with it")
-        if not callable(getattr(backend, "execute", None)):
-            raise TypeError(f"a Limiter needs a backend, not {backend!r}")
+        if not isinstance(backend, Backend):
+            raise TypeError(
+                f"a Limiter needs a Backend (MemoryBackend, SQLiteBackend, RedisBackend, or "
+                f"a subclass of throttle_client.Backend), not {backend!r}"
+            )
         super().__init__(
             rates=rates,
             min_interval=min_interval,
@@ -548,7 +551,7 @@ class AsyncLimiter(_LimiterCore):
         if not guard.store_resting():
             started = time.monotonic()
             try:
-                result = await self.backend.execute(op)
+                result = await self.backend.aexecute(op)
             except BackendUnavailable as first:
                 options = guard.retry_options(op, started)
                 try:
@@ -556,7 +559,7 @@ class AsyncLimiter(_LimiterCore):
                         raise first
                     async for attempt in tenacity.AsyncRetrying(**options):
                         with attempt:
-                            result = await self.backend.execute(shrink(op, started))
+                            result = await self.backend.aexecute(shrink(op, started))
                 except BackendUnavailable as exc:
                     guard.failed(exc)
                     return guard.substitute(op)(), False
@@ -618,14 +621,11 @@ class AsyncLimiter(_LimiterCore):
 
 
 def _as_async(backend: AsyncBackend | Backend) -> AsyncBackend:
-    execute = getattr(backend, "execute", None)
-    if inspect.iscoroutinefunction(execute):
-        return backend  # type: ignore[return-value]
-    to_async = getattr(backend, "to_async", None)
-    if callable(to_async):
-        result: AsyncBackend = to_async()
-        return result
-    name = type(backend).__name__
-    if name == "RedisBackend":
-        raise TypeError("RedisBackend wraps a sync client: AsyncLimiter needs AsyncRedisBackend")
-    raise TypeError(f"AsyncLimiter needs an asynchronous backend, not {backend!r}")
+    if isinstance(backend, AsyncBackend):
+        return backend
+    if isinstance(backend, Backend):
+        return backend.to_async()
+    raise TypeError(
+        f"an AsyncLimiter needs an AsyncBackend (AsyncRedisBackend, or a subclass of "
+        f"throttle_client.AsyncBackend) or a Backend it can run in threads, not {backend!r}"
+    )

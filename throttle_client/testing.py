@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ._memory import MemoryBackend
+from ._backends.memory import MemoryBackend
 from ._redis_server import (
     RedisClusterServers,
     RedisSentinelServers,

@@ -1,6 +1,6 @@
 """The SQLite store: the semantics of DESIGN §2 for every process on one host, no server.
 
-Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``_log.execute``
+Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``sliding_log.execute``
 over a view whose every lookup is one indexed query, so processes queue on
 SQLite's write lock (WAL mode, a busy timeout) and see each other's slots at
 once. The time is read *after* the lock is taken: a slot computed from a time
@@ -13,7 +13,7 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
 
 Both are written in one transaction, so only hands from outside can leave a key's
 rows without its meta, a meta without its rows, or a meta this version cannot read;
-the operation that finds such a key rebuilds it by the rules in ``_log``.
+the operation that finds such a key rebuilds it by the rules in ``sliding_log``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import _log
-from ._errors import BackendError, BackendUnavailable, ConfigurationError
-from ._ops import Acquire, Inspect, Op, Pause, Policy, ThreadedAsync
+from .._errors import BackendError, BackendUnavailable, ConfigurationError
+from . import sliding_log
+from .base import Acquire, Backend, Inspect, Op, Pause, Quota, ThreadedAsync, host_clock
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ _SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much
 
 
 class _SQLiteLog:
-    """One key's log inside the current transaction of ``db`` (``_log.LogView``)."""
+    """One key's log inside the current transaction of ``db`` (``sliding_log.LogView``)."""
 
     def __init__(self, db: sqlite3.Connection, key: str, now: int, *, writable: bool) -> None:
         self.db = db
@@ -126,13 +126,13 @@ class _SQLiteLog:
         else:  # a read must not write: look as if the key were gone
             self.live = False
 
-    def repair(self, policy: Policy, now: int) -> str | None:
-        """Rebuild the lost part by the rules of ``_log`` (in this transaction); answers
+    def repair(self, quota: Quota, now: int) -> str | None:
+        """Rebuild the lost part by the rules of ``sliding_log`` (in this transaction); answers
         which part was rebuilt, or None when nothing lost could still matter."""
         lost, self.lost = self.lost, None
         if lost == "log":
             assert self.last is not None
-            if not _log.still_matters(self.last, policy, now):
+            if not sliding_log.still_matters(self.last, quota, now):
                 self.base, self.dirty = self.total, True  # no window reaches them: no loss
                 return None
             # All of the lost units at the newest slot.
@@ -140,16 +140,16 @@ class _SQLiteLog:
         else:
             self.db.execute(_FORGET_META, (self.key,))
             newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
-            if newest is None or not _log.still_matters(newest[0], policy, now):
+            if newest is None or not sliding_log.still_matters(newest[0], quota, now):
                 self.db.execute(_FORGET_ENTRIES, (self.key,))
                 if not self.unreadable:
                     return None  # a key whose time was up: nothing was lost
             else:
                 oldest = self.db.execute(_OLDEST, (self.key,)).fetchone()
                 self.last, self.total = newest
-                self.base = _log.rebuilt_base(oldest[1], policy)
+                self.base = sliding_log.rebuilt_base(oldest[1], quota)
         self.dirty = True
-        self.expire_at(max(now, self.last or 0, self.pause_until) + policy.horizon_us)
+        self.expire_at(max(now, self.last or 0, self.pause_until) + quota.horizon_us)
         return lost
 
     def _one(self, sql: str, *args: object) -> Any:
@@ -253,7 +253,7 @@ def _use_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
             time.sleep(0.01)
 
 
-class SQLiteBackend:
+class SQLiteBackend(Backend):
     """Limits shared through one SQLite file by every process and thread on this host.
 
     No server: the zero-setup store for a single box. Each thread of each process
@@ -268,7 +268,7 @@ class SQLiteBackend:
         path: str | os.PathLike[str],
         *,
         busy_timeout: float = 30.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise ConfigurationError(f"SQLiteBackend needs a file path, not {path!r}")
@@ -280,13 +280,13 @@ class SQLiteBackend:
             )
         self.path = Path(path)
         self.busy_timeout = busy_timeout
-        self._clock = clock
+        self._clock = host_clock(clock, "SQLiteBackend")
         self._local = threading.local()
         self._lock = threading.Lock()
         self._writers = (os.getpid(), threading.Lock())
         self._async: ThreadedAsync | None = None
         self._all: list[_Connection] = []  # this process's connections, for close()
-        self._repairs = _log.RepairNotice()
+        self._repairs = sliding_log.RepairNotice()
         self._connection()  # fail now, naming the path, if the file cannot be used
 
     def _connection(self) -> _Connection:
@@ -379,8 +379,8 @@ class SQLiteBackend:
             if log.lost and isinstance(op, (Acquire, Inspect, Pause)):  # reset forgets all
                 if not writable:
                     raise _RepairNeeded
-                repaired = log.repair(op.policy, now)
-            result = _log.execute(log, op, now)
+                repaired = log.repair(op.quota, now)
+            result = sliding_log.execute(log, op, now)
             if writable:
                 log.save()
                 conn.ops += 1
@@ -407,11 +407,6 @@ class SQLiteBackend:
         self._local = threading.local()
         if self._async is not None:
             self._async.shutdown()
-
-    def __len__(self) -> int:
-        """How many keys the file holds now (for tests of bounded storage)."""
-        row = self._connection().db.execute("SELECT count(*) FROM tc_meta").fetchone()
-        return int(row[0])
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable for multiprocessing "spawn": the child opens the same file itself.
@@ -446,7 +441,7 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     db.executemany(_FORGET_META, keys)
 
 
-# Errors that pass without anyone changing anything, so the failure policy applies:
+# Errors that pass without anyone changing anything, so the limiter's on_unavailable applies:
 # SQLITE_BUSY and SQLITE_LOCKED (another process held the lock past the busy timeout),
 # SQLITE_IOERR (a failing or remote disk that may recover) and SQLITE_FULL (a full disk
 # fills and empties on its own: logs rotate, temporary files go; it is an outage of the

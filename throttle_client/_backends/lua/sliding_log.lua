@@ -13,7 +13,7 @@
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
 -- ARGV[1] the operation: acquire | inspect | pause | reset
--- ARGV[2] the policy, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
+-- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
@@ -74,13 +74,13 @@ else
   if not now then return fail('bad time ' .. tostring(ARGV[3])) end
 end
 
-local ok, policy = pcall(cmsgpack.unpack, ARGV[2] or '')
-if not ok or type(policy) ~= 'table' then return fail('bad policy') end
-local gap, nrates = whole(policy[1], 0), (#policy - 1) / 2
-if not gap or nrates < 1 or nrates % 1 ~= 0 then return fail('bad policy') end
+local ok, quota = pcall(cmsgpack.unpack, ARGV[2] or '')
+if not ok or type(quota) ~= 'table' then return fail('bad quota') end
+local gap, nrates = whole(quota[1], 0), (#quota - 1) / 2
+if not gap or nrates < 1 or nrates % 1 ~= 0 then return fail('bad quota') end
 local limits, periods, longest, smallest = {}, {}, 0, math.huge
 for i = 1, nrates do
-  local limit, period = whole(policy[2 * i], 1), whole(policy[2 * i + 1], 1)
+  local limit, period = whole(quota[2 * i], 1), whole(quota[2 * i + 1], 1)
   if not limit or not period then return fail('bad rate #' .. i) end
   limits[i], periods[i] = limit, period
   if period > longest then longest = period end

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import threading
+from collections.abc import Awaitable
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -23,9 +24,19 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
 
-from ._log import RepairNotice
-from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
-from ._redis_clients import (
+from .base import (
+    Acquire,
+    AsyncBackend,
+    Backend,
+    Inspect,
+    Op,
+    Pause,
+    Quota,
+    Reset,
+    Snapshot,
+    Verdict,
+)
+from .redis_clients import (
     POOL_SIZE,
     TaskInFlight,
     ThreadInFlight,
@@ -37,7 +48,8 @@ from ._redis_clients import (
     sync_from_url,
     warn_if_evicting,
 )
-from ._redis_errors import DRIVER_ERRORS, translate
+from .redis_errors import DRIVER_ERRORS, translate
+from .sliding_log import RepairNotice
 
 T = TypeVar("T")
 
@@ -45,25 +57,25 @@ SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text(
 SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 
 
-# Every decision of a limiter sends the same keys and policy: both are formatted once
+# Every decision of a limiter sends the same keys and quota: both are formatted once
 # (as bytes, which redis-py sends as they are) and remembered, not rebuilt per call.
 @functools.lru_cache(maxsize=4096)
-def store_keys(key: str) -> tuple[bytes, bytes]:
-    """The log (a sorted set) and the meta (a string) of one hashed key."""
+def redis_keys(key: str) -> tuple[bytes, bytes]:
+    """The Redis keys of one store key: its log (a sorted set) and its meta (a string)."""
     prefix = f"tc:{key}:".encode()
     return prefix + b"log", prefix + b"meta"
 
 
 @functools.lru_cache(maxsize=256)
-def policy_arg(policy: Policy) -> bytes:
-    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per policy.
+def quota_arg(quota: Quota) -> bytes:
+    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per quota.
 
     Every number is a non-negative integer below 2**64, so an array (a fixarray up to
     15 numbers, seven rates; an array16 beyond) of uint64s or positive fixints is all
     it takes. The limiter holds the number of rates to _ranges.MAX_RATES.
     """
-    numbers = [policy.min_interval_us]
-    for limit, period in policy.limits:
+    numbers = [quota.min_interval_us]
+    for limit, period in quota.limits:
         numbers += [limit, period]
     count = len(numbers)
     header = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
@@ -74,19 +86,19 @@ def policy_arg(policy: Policy) -> bytes:
 def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
     if isinstance(op, Reset):
-        return store_keys(op.key), (b"reset",)
+        return redis_keys(op.key), (b"reset",)
     assert isinstance(op, (Acquire, Inspect, Pause))
     now = b"-" if op.now_us is None else b"%d" % op.now_us
-    keys, policy = store_keys(op.key), policy_arg(op.policy)
+    keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
         if op.lead_us:
             lead = b"%d" % op.lead_us
-            return keys, (b"acquire", policy, now, cost, wait, op.call_id, lead)
-        return keys, (b"acquire", policy, now, cost, wait, op.call_id)
+            return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead)
+        return keys, (b"acquire", quota, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
-        return keys, (b"pause", policy, now, b"%d" % op.duration_us)
-    return keys, (b"inspect", policy, now)
+        return keys, (b"pause", quota, now, b"%d" % op.duration_us)
+    return keys, (b"inspect", quota, now)
 
 
 # The word that leads a reply when the script rebuilt a lost part of the key (bytes, or
@@ -128,7 +140,7 @@ SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 
-class RedisBackend:
+class RedisBackend(Backend):
     """Limits shared through Redis: standalone, Sentinel (a master client) or Cluster.
 
     Give it a redis-py client, or a URL (``redis://``, ``rediss://``, ``unix://``);
@@ -151,7 +163,7 @@ class RedisBackend:
             if cluster:
                 # A RedisCluster connects when it is built: build it at the first call
                 # instead, so a Cluster that is down at start-up is an outage like any
-                # other, handled by the limiter's policy.
+                # other, handled by the limiter's on_unavailable.
                 self._url = client
             else:
                 self.client = self._runner = sync_from_url(client, cluster=False)
@@ -207,12 +219,15 @@ class RedisBackend:
             if isinstance(runner, redis.Redis):
                 runner.connection_pool.disconnect()  # a pool we gave it is not closed with it
 
+    def to_async(self) -> AsyncBackend:
+        raise TypeError("RedisBackend wraps a sync client: AsyncLimiter needs AsyncRedisBackend")
+
     def __repr__(self) -> str:
         shown = self.client if self.client is not None else "Cluster URL, connects at first use"
         return f"RedisBackend({shown!r})"
 
 
-class AsyncRedisBackend:
+class AsyncRedisBackend(AsyncBackend):
     """The asyncio twin of :class:`RedisBackend`, over ``redis.asyncio`` clients.
 
     >>> backend = AsyncRedisBackend(redis.asyncio.Redis.from_url("redis://localhost"))
@@ -243,14 +258,16 @@ class AsyncRedisBackend:
         self._repairs = RepairNotice()
         self._memory_checked = threading.Lock()
 
-    async def execute(self, op: Op[T]) -> T:
+    async def aexecute(self, op: Op[T]) -> T:
         keys, args = encode(op)
         runner = self._runner
         async with self._in_flight:
             try:
                 for tries_left in reversed(range(_NOSCRIPT_TRIES)):
                     try:
-                        reply = await runner.evalsha(SHA, len(keys), *keys, *args)
+                        # (redis-py types the sync and async evalsha as one, before 8.0)
+                        pending = runner.evalsha(SHA, len(keys), *keys, *args)
+                        reply = await cast(Awaitable[Any], pending)
                         break
                     except rx.NoScriptError:
                         if not tries_left:

@@ -1,15 +1,14 @@
-"""In-process store: the semantics of DESIGN §2 for the threads and tasks of one process."""
+"""In-process store: the semantics of docs/design.md §1 for the threads and tasks of one process."""
 
 from __future__ import annotations
 
 import threading
-import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import TypeVar
 
-from . import _log
-from ._ops import InlineAsync, Op
+from . import sliding_log
+from .base import Backend, InlineAsync, Op, host_clock
 
 T = TypeVar("T")
 
@@ -82,7 +81,7 @@ class _MemoryLog:
         self.expires_at = max(self.expires_at, when)
 
 
-class MemoryBackend:
+class MemoryBackend(Backend):
     """Keeps logs in this process; safe under threads and asyncio tasks.
 
     Each operation runs under one lock and never awaits, so it is atomic for both.
@@ -91,8 +90,8 @@ class MemoryBackend:
     >>> limiter = Limiter(MemoryBackend(), rates=["10/second"])
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._clock = host_clock(clock, "MemoryBackend")
         self._logs: dict[str, _MemoryLog] = {}
         self._lock = threading.Lock()
         self._ops = 0
@@ -103,7 +102,7 @@ class MemoryBackend:
             log = self._logs.get(key)
             if log is None or (log.expires_at and log.expires_at <= now):
                 log = self._logs[key] = _MemoryLog()
-            result = _log.execute(log, op, now)
+            result = sliding_log.execute(log, op, now)
             if not log.times and log.pause_until <= now and log.last is None:
                 del self._logs[key]
             self._ops += 1
@@ -118,10 +117,6 @@ class MemoryBackend:
     def to_async(self) -> InlineAsync:
         """What AsyncLimiter uses: the same store, called inline (it never blocks)."""
         return InlineAsync(self)
-
-    def __len__(self) -> int:
-        """How many keys the store holds now (for tests of bounded memory)."""
-        return len(self._logs)
 
     def __repr__(self) -> str:
         return f"MemoryBackend(keys={len(self._logs)})"

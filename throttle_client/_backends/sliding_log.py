@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Protocol, TypeVar, cast
 
-from ._ops import Acquire, Inspect, Op, Pause, Policy, Reset, Snapshot, Verdict
+from .base import Acquire, Inspect, Op, Pause, Quota, Reset, Snapshot, Verdict
 
 T = TypeVar("T")
 logger = logging.getLogger("throttle_client")
@@ -71,45 +71,45 @@ def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
     return log.time_at_cum(target) + period if target > log.base else 0
 
 
-def earliest_slot(log: LogView, policy: Policy, now: int, cost: int) -> int:
+def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
     """DESIGN §2: max(now, last + gap, pause, and for each rate the time the cost fits)."""
     slot = max(now, log.pause_until)
     if log.last is not None:
-        slot = max(slot, log.last + policy.min_interval_us)
-    for limit, period in policy.limits:
+        slot = max(slot, log.last + quota.min_interval_us)
+    for limit, period in quota.limits:
         slot = max(slot, fits_at(log, limit, period, cost))
     return slot
 
 
-def remaining_at(log: LogView, policy: Policy, point: int) -> tuple[int, ...]:
+def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
     """Per rate, the units still free in the window that ends at ``point``."""
     return tuple(
         max(0, limit - (log.total - log.cum_through(point - period)))
-        for limit, period in policy.limits
+        for limit, period in quota.limits
     )
 
 
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
-        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.policy, booked))
-    slot = max(earliest_slot(log, op.policy, now, op.cost), now + op.lead_us)
+        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
+    slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
-        return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.policy, now))
+        return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.quota, now))
     log.append(slot, op.cost, op.call_id)
-    log.trim(now - op.policy.longest_period_us)
-    log.expire_at(max(slot, log.pause_until) + op.policy.horizon_us)
-    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.policy, slot))
+    log.trim(now - op.quota.longest_period_us)
+    log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
+    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot))
 
 
 def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:
     """Units used (slots up to now) apart from units booked (slots ahead), per rate."""
     through_now = log.cum_through(now)
-    limits = op.policy.limits
+    limits = op.quota.limits
     return Snapshot(
         now_us=now,
-        next_slot_us=earliest_slot(log, op.policy, now, 1),
+        next_slot_us=earliest_slot(log, op.quota, now, 1),
         pause_until_us=log.pause_until,
         booked=log.total - through_now,
         used=tuple(through_now - log.cum_through(now - period) for _, period in limits),
@@ -121,7 +121,7 @@ def pause(log: LogView, op: Pause, now: int) -> int:
     until = now + op.duration_us
     if until > log.pause_until:  # a pause only ever moves forward
         log.set_pause(until)
-        log.expire_at(max(until, log.last or 0) + op.policy.horizon_us)
+        log.expire_at(max(until, log.last or 0) + op.quota.horizon_us)
     return log.pause_until
 
 
@@ -154,16 +154,16 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
 #   expired, not a loss.
 
 
-def rebuilt_base(oldest_cum: int, policy: Policy) -> int:
+def rebuilt_base(oldest_cum: int, quota: Quota) -> int:
     """``base`` for a log whose summary is lost, from the running total at its oldest
     entry: that entry cost at most the smallest limit (a larger cost is never admitted),
     so this counts too much, never too little."""
-    return max(0, oldest_cum - min(limit for limit, _ in policy.limits))
+    return max(0, oldest_cum - min(limit for limit, _ in quota.limits))
 
 
-def still_matters(newest_slot: int, policy: Policy, now: int) -> bool:
+def still_matters(newest_slot: int, quota: Quota, now: int) -> bool:
     """Whether an entry at ``newest_slot`` can still bear on a decision at ``now``."""
-    return newest_slot + policy.horizon_us > now
+    return newest_slot + quota.horizon_us > now
 
 
 REPAIRS = {

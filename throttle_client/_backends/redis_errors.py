@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from redis import exceptions as rx
 
-from ._errors import BackendError, BackendUnavailable
+from .._errors import BackendError, BackendUnavailable
 
 DRIVER_ERRORS = (rx.RedisError, rx.RedisClusterException)
 

@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-from ._errors import BackendUnavailable
+from .._errors import BackendUnavailable
 
 log = logging.getLogger("throttle_client")
 

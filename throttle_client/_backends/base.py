@@ -1,0 +1,285 @@
+"""The backend contract: what a limiter asks of a store, and what comes back.
+
+Everything here is in whole microseconds and already carries the *hashed* store
+key: a backend never sees an access token. A store answers four operations
+(:class:`Acquire`, :class:`Inspect`, :class:`Pause`, :class:`Reset`) with exactly
+the semantics of docs/design.md §1, each in one atomic step. A blocking store
+subclasses :class:`Backend` (``execute``/``close``), an asyncio one
+:class:`AsyncBackend` (``aexecute``/``aclose``): the two worlds have distinct
+method names, so a limiter tells them apart by type, never by inspecting methods.
+
+:class:`Verdict` and :class:`Snapshot` are the store's raw answers, in µs since the
+epoch on the store's clock; the limiter turns them into the public
+:class:`~throttle_client.Decision` and :class:`~throttle_client.Usage`, in seconds.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextvars
+import functools
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .._errors import ConfigurationError
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+B = TypeVar("B", bound="Backend")
+A = TypeVar("A", bound="AsyncBackend")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one key's log is held to: the rates as ``(limit, period_us)`` pairs and the
+    minimum gap between calls, both as the limiter widened them by its margin."""
+
+    limits: tuple[tuple[int, int], ...]
+    min_interval_us: int
+
+    @property
+    def horizon_us(self) -> int:
+        """How long an entry can still matter after its slot."""
+        return max(max(period for _, period in self.limits), self.min_interval_us)
+
+    @property
+    def longest_period_us(self) -> int:
+        return max(period for _, period in self.limits)
+
+
+class Op(Generic[T_co]):
+    """An operation on one key's log whose answer is a ``T_co``."""
+
+    __slots__ = ()
+    key: str  # the hashed store key
+    now_us: int | None  # the time to run at (tests inject one); None: the store's clock
+
+    def time_us(self, clock: Callable[[], float] = time.time) -> int:
+        """When the operation runs: the time it carries, else the host's clock (a store
+        with a clock of its own, Redis, reads that instead)."""
+        return self.now_us if self.now_us is not None else int(clock() * 1_000_000)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to :class:`Acquire`."""
+
+    allowed: bool
+    now_us: int
+    slot_us: int
+    pause_until_us: int
+    remaining: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The answer to :class:`Inspect`: the log seen at ``now_us``, unchanged."""
+
+    now_us: int
+    next_slot_us: int
+    pause_until_us: int
+    booked: int  # units in slots after now
+    used: tuple[int, ...]  # per rate, units in slots in the window (now - period, now]
+    ready_at_us: tuple[int, ...]  # per rate, when a call of cost 1 fits it (>= now)
+
+
+@dataclass(frozen=True)
+class Acquire(Op[Verdict]):
+    """Find the earliest slot for ``cost``; book it if it is at most ``max_wait_us`` away.
+
+    ``max_wait_us`` of 0 is try_acquire, -1 waits for any slot. ``call_id`` makes the
+    call idempotent: a call whose id is already in the log gets its booked slot back.
+    ``lead_us``: no slot earlier than ``now + lead_us`` (a call whose answers come back
+    slowly asks for a slot its answer can reach in time).
+    """
+
+    key: str
+    quota: Quota
+    cost: int
+    max_wait_us: int
+    call_id: str
+    now_us: int | None = None
+    lead_us: int = 0
+
+
+@dataclass(frozen=True)
+class Inspect(Op[Snapshot]):
+    key: str
+    quota: Quota
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Pause(Op[int]):
+    """No slot before ``now + duration_us``; answers the pause in force (µs since the epoch)."""
+
+    key: str
+    quota: Quota
+    duration_us: int
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Reset(Op[None]):
+    key: str
+    now_us: int | None = None
+
+
+def host_clock(clock: Callable[[], float] | None, backend: str) -> Callable[[], float]:
+    """The clock a store that has none of its own reads: the host's. ``clock`` is the
+    deprecated way to set another; a limiter's ``clock`` now reaches every store."""
+    if clock is None:
+        return time.time
+    warnings.warn(
+        f"{backend}(clock=...) is deprecated: give the clock to the Limiter, which "
+        "passes its time to the store with every operation",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return clock
+
+
+# What ping() asks: a read of a key no limiter uses (no namespace holds braces but ours,
+# and ours are followed by a colon-free hash), under a quota that cannot be refused.
+_PING = Inspect(
+    key="throttle-client:{ping}", quota=Quota(limits=((1, 1_000_000),), min_interval_us=0)
+)
+
+
+def _checked(store_key: str) -> str:
+    if not isinstance(store_key, str) or not store_key:
+        raise ConfigurationError(f"a store key must be a non-empty string, not {store_key!r}")
+    return store_key
+
+
+class Backend(abc.ABC):
+    """A blocking store for a :class:`~throttle_client.Limiter`.
+
+    A subclass answers every operation in ``execute``, atomically for every worker
+    that shares the store. It is a context manager: leaving the block closes it.
+    """
+
+    @abc.abstractmethod
+    def execute(self, op: Op[T]) -> T:
+        """Run ``op`` in one atomic step and answer it."""
+
+    def forget(self, store_key: str) -> None:
+        """Forget everything about one key, named by its store key (``Limiter.store_key``,
+        :func:`throttle_client.store_key`), whatever rates it was used with."""
+        self.execute(Reset(key=_checked(store_key)))
+
+    def ping(self) -> None:
+        """Raise BackendUnavailable or BackendError if the store cannot be used; changes
+        nothing in it."""
+        self.execute(_PING)
+
+    def to_async(self) -> AsyncBackend:
+        """The same store for an :class:`~throttle_client.AsyncLimiter`: by default each
+        operation runs in a worker thread (:class:`ThreadedAsync`), as it may block."""
+        return ThreadedAsync(self)
+
+    def close(self) -> None:  # noqa: B027 (a store with nothing to let go keeps this one)
+        """Let go of this process's connections or files; a later operation may open
+        new ones."""
+
+    def __enter__(self: B) -> B:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncBackend(abc.ABC):
+    """An asyncio store for an :class:`~throttle_client.AsyncLimiter`.
+
+    A subclass answers every operation in ``aexecute``; ``async with`` closes it.
+    """
+
+    @abc.abstractmethod
+    async def aexecute(self, op: Op[T]) -> T:
+        """Run ``op`` in one atomic step and answer it."""
+
+    async def aforget(self, store_key: str) -> None:
+        """As :meth:`Backend.forget`."""
+        await self.aexecute(Reset(key=_checked(store_key)))
+
+    async def aping(self) -> None:
+        """As :meth:`Backend.ping`."""
+        await self.aexecute(_PING)
+
+    async def aclose(self) -> None:  # noqa: B027
+        """Let go of this process's connections."""
+
+    async def __aenter__(self: A) -> A:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class InlineAsync(AsyncBackend):
+    """An AsyncBackend over a store whose ``execute`` never blocks (memory)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def aexecute(self, op: Op[T]) -> T:
+        return self.backend.execute(op)
+
+    async def aclose(self) -> None:
+        self.backend.close()
+
+    def __repr__(self) -> str:
+        return f"InlineAsync({self.backend!r})"
+
+
+class ThreadedAsync(AsyncBackend):
+    """An AsyncBackend over a store whose ``execute`` may block (SQLite waiting on a lock).
+
+    Writes run on one thread of their own, in the order they were asked (they would
+    take turns at the store's write lock anyway), and reads on two others, so a read
+    (the look for a pause before a request goes) never queues behind a thousand
+    tasks' bookings, as it would in asyncio's shared default pool.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._pools: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()
+
+    def _pool(self, op: Op[Any]) -> ThreadPoolExecutor:
+        with self._lock:
+            # Threads do not cross a fork: a child makes its own pools.
+            if self._pools is None or self._pools[0] != os.getpid():
+                writer = ThreadPoolExecutor(1, thread_name_prefix="throttle-client-write")
+                readers = ThreadPoolExecutor(2, thread_name_prefix="throttle-client-read")
+                self._pools = (os.getpid(), writer, readers)
+            return self._pools[2] if isinstance(op, Inspect) else self._pools[1]
+
+    async def aexecute(self, op: Op[T]) -> T:
+        pool = self._pool(op)
+        run = functools.partial(contextvars.copy_context().run, self.backend.execute, op)
+        return await asyncio.get_running_loop().run_in_executor(pool, run)
+
+    def shutdown(self) -> None:
+        """Let this process's threads go (a later operation starts new ones)."""
+        with self._lock:
+            pools, self._pools = self._pools, None
+        if pools is not None and pools[0] == os.getpid():
+            pools[1].shutdown(wait=False)
+            pools[2].shutdown(wait=False)
+
+    async def aclose(self) -> None:
+        """Stop the threads and close the store they ran on."""
+        self.shutdown()
+        self.backend.close()
+
+    def __repr__(self) -> str:
+        return f"ThreadedAsync({self.backend!r})"
