@@ -57,6 +57,7 @@ from throttle_client import (
     ThrottleTimeout,
 )
 from throttle_client._demo import most_calls
+from throttle_client._flow import Flow
 from throttle_client.testing import StrictUpstream
 
 # Both windows and the gap bind within a few seconds: 20 calls take 0.38 s at the gap
@@ -199,26 +200,23 @@ class _Recording:
         left = max(0.0, self.deadline - time.monotonic())
         return left if timeout is None else min(timeout, left)
 
-    def _record(self, key: str, decision: Decision) -> None:
-        if key != self.token:
-            return
-        slot_us = round(decision.slot * US)
-        self.calls[slot_us] = Call(slot_us, time.time())
-        _slot.set(slot_us)
+    def _send_flow(self, key: str, cost: int, timeout: Any, now: float) -> Flow[Decision]:
+        """What the transports run before each request, in both worlds."""
+        flow = super()._send_flow(key, cost, self._until_deadline(timeout), now)  # type: ignore[misc]
+        decision: Decision = yield from flow
+        if key == self.token:
+            slot_us = round(decision.slot * US)
+            self.calls[slot_us] = Call(slot_us, time.time())
+            _slot.set(slot_us)
+        return decision
 
 
 class RecordingLimiter(_Recording, Limiter):
-    def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
-        decision = super()._acquire_to_send(key, cost, self._until_deadline(timeout))
-        self._record(key, decision)
-        return decision
+    pass
 
 
 class AsyncRecordingLimiter(_Recording, AsyncLimiter):
-    async def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
-        decision = await super()._acquire_to_send(key, cost, self._until_deadline(timeout))
-        self._record(key, decision)
-        return decision
+    pass
 
 
 def _stamp(request: httpx.Request, calls: dict[int, Call]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -85,7 +84,9 @@ class World:
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        self.clock = FakeClock(start=time.time())  # epoch-like, for HTTP-dates and resets
+        # A fixed epoch time, years from the host's: HTTP-dates and resets are judged by
+        # the limiter's clock, never the host's.
+        self.clock = FakeClock(start=1_700_000_000.0)
         self.clock.start = self.clock.now  # type: ignore[attr-defined]
         self.loop = asyncio.new_event_loop()
         self.sleep_hook: Callable[[], Any] | None = None

@@ -48,6 +48,7 @@ from ._backends.memory import MemoryBackend
 from ._backends.redis import RedisBackend
 from ._backends.sqlite import SQLiteBackend
 from ._errors import ThrottleTimeout
+from ._flow import Flow
 from ._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
 from ._limiter import Limiter
 from ._rate import Rate
@@ -132,10 +133,10 @@ class _WatchedLimiter(Limiter):
     slots: dict[int, list[float]]
     deadline = math.inf
 
-    def _acquire_to_send(self, key: str, cost: int, timeout: Any) -> Decision:
-        """What ThrottledTransport calls before each request."""
+    def _send_flow(self, key: str, cost: int, timeout: Any, now: float) -> Flow[Decision]:
+        """What ThrottledTransport runs before each request."""
         if key not in self.numbers:
-            return super()._acquire_to_send(key, cost, timeout)  # a warm-up request
+            return (yield from super()._send_flow(key, cost, timeout, now))  # a warm-up request
         # A slot past the end would stretch the run: with 1/second, two crawlers of one
         # token and --duration 0.5, the second would book 1 s, the first then 2 s.
         left = max(0.0, self.deadline - time.monotonic())
@@ -144,7 +145,7 @@ class _WatchedLimiter(Limiter):
         with self.counters.get_lock():
             self.counters[base + _WAITING] += 1
         try:
-            decision = super()._acquire_to_send(key, cost, timeout)
+            decision = yield from super()._send_flow(key, cost, timeout, now)
         finally:
             with self.counters.get_lock():
                 self.counters[base + _WAITING] -= 1

@@ -1,9 +1,9 @@
-"""What a limiter does when its store fails (DESIGN §5).
+"""What a limiter does when its store fails (docs/design.md §4).
 
 First, a store error that may pass (a refused or broken connection, a timeout, a
 cluster failover) is retried briefly with tenacity, never past the call's own
 deadline. If the store still does not answer, the limiter's ``on_unavailable``
-policy decides:
+decides:
 
 - ``"raise"`` (default): BackendUnavailable. Nothing is sent; crawls stall.
 - ``"allow"``: fail open. Every call goes; the upstream's quota may be exceeded.
@@ -12,7 +12,7 @@ policy decides:
   multiplied by N). The fleet stays within the quota if N is right.
 
 After a failure the store is left alone for ``COOLDOWN`` seconds (calls go
-straight to the policy instead of each waiting on a dead socket); the next call
+straight to ``on_unavailable`` instead of each waiting on a dead socket); the next call
 after that tries the store again, so recovery needs no restart. A store that
 answers with an error (a key of the wrong type, a script error) is never a reason
 to let a call through: that BackendError always propagates.
@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
@@ -71,9 +70,8 @@ OnUnavailable = Literal["raise", "allow"] | LocalFallback
 
 
 class FailureGuard:
-    """The no-I/O half of the policy: when to try the store, how to retry, what instead.
-
-    Limiter and AsyncLimiter drive it; they only do the calls.
+    """The no-I/O half of failure handling: when to try the store, how to retry it, and
+    what answers instead. Times are the limiter's local clock, passed in.
     """
 
     def __init__(self, on_unavailable: OnUnavailable, retry_for: float) -> None:
@@ -96,27 +94,28 @@ class FailureGuard:
 
     # -- before and after the store is asked ------------------------------------------
 
-    def store_resting(self) -> bool:
-        """True while a recent failure says: don't wait on the store, apply the policy."""
-        return time.monotonic() < self._down_until
+    def store_resting(self, now: float) -> bool:
+        """True while a recent failure says: don't wait on the store, answer without it."""
+        return now < self._down_until
 
-    def retry_options(self, op: Op[Any], started: float) -> dict[str, Any] | None:
-        """tenacity options for the retries of ``op`` after a first failed attempt made
-        at ``started``: BackendUnavailable is retried for at most ``retry_for`` seconds
-        in all, and never past an acquire's own timeout. None when no time is left
-        (a hung store already took it: another attempt would wait a socket timeout)."""
+    def retrying(self, op: Op[Any], spent: float) -> tenacity.Retrying | None:
+        """What decides the retries of ``op`` whose first attempt failed ``spent``
+        seconds after it began: BackendUnavailable is retried for at most ``retry_for``
+        seconds in all, and never past an acquire's own timeout. None when no time is
+        left (a hung store already took it: another attempt would wait a socket timeout).
+        Only its ``iter()`` is used: the limiter's flow makes the attempts and sleeps."""
         budget = self.retry_for
         if isinstance(op, Acquire) and op.max_wait_us > 0:
             budget = min(budget, op.max_wait_us / 1_000_000)
-        budget -= time.monotonic() - started
+        budget -= spent
         if budget <= 0:
             return None
-        return {
-            "retry": _RETRY_IF,
-            "stop": tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(budget),
-            "wait": _WAIT,
-            "reraise": True,
-        }
+        return tenacity.Retrying(
+            retry=_RETRY_IF,
+            stop=tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(budget),
+            wait=_WAIT,
+            reraise=True,
+        )
 
     def succeeded(self) -> None:
         if self._down:
@@ -125,14 +124,14 @@ class FailureGuard:
                     self._down = False
                     log.warning("throttle_client: the store answers again")
 
-    def failed(self, exc: BackendUnavailable) -> None:
+    def failed(self, exc: BackendUnavailable, now: float) -> None:
         with self._lock:
             self.last_error = exc
-            self._down_until = time.monotonic() + COOLDOWN
+            self._down_until = now + COOLDOWN
             if not self._down:
                 self._down = True
                 log.warning(
-                    "throttle_client: the store is unavailable (%s); policy %r applies",
+                    "throttle_client: the store is unavailable (%s); on_unavailable=%r applies",
                     exc,
                     self.on_unavailable,
                 )
@@ -140,8 +139,8 @@ class FailureGuard:
     # -- instead of the store -----------------------------------------------------------
 
     def substitute(self, op: Op[T]) -> Callable[[], T]:
-        """What answers ``op`` instead of the store: raises BackendUnavailable where the
-        policy gives no answer (always for reset, and for a read under "allow")."""
+        """What answers ``op`` instead of the store: raises BackendUnavailable where
+        ``on_unavailable`` gives no answer (always for reset, and for a read under "allow")."""
         last = self.last_error
         if self.fallback is not None and isinstance(op, (Acquire, Inspect, Pause)):
             assert isinstance(self.on_unavailable, LocalFallback)
@@ -149,7 +148,7 @@ class FailureGuard:
             fallback = self.fallback
             return lambda: fallback.execute(local)
         if self.on_unavailable == "allow" and isinstance(op, (Acquire, Pause)):
-            now = op.time_us(time.time)
+            now = op.time_us()
             if isinstance(op, Acquire):
                 limits = tuple(limit for limit, _ in op.quota.limits)
                 verdict = Verdict(True, now, now, 0, limits)
@@ -166,12 +165,13 @@ class FailureGuard:
         return unavailable
 
 
-def shrink(op: Op[T], started: float) -> Op[T]:
-    """``op`` as it must be sent ``time.monotonic() - started`` seconds late: an acquire
-    waits that much less, so retries never stretch it past its timeout. The call id
-    stays, so an attempt that did book its slot is found again, never booked twice."""
+def shrink(op: Op[T], spent: float) -> Op[T]:
+    """``op`` as it must be sent ``spent`` seconds late: an acquire waits that much
+    less, so retries never stretch it past its timeout. The call id stays, so an
+    attempt that did book its slot is found again, never booked twice."""
     if isinstance(op, Acquire) and op.max_wait_us > 0:
-        spent = int((time.monotonic() - started) * 1_000_000)
-        if spent > 0:
-            return cast(Op[T], dataclasses.replace(op, max_wait_us=max(0, op.max_wait_us - spent)))
+        spent_us = int(spent * 1_000_000)
+        if spent_us > 0:
+            left = max(0, op.max_wait_us - spent_us)
+            return cast(Op[T], dataclasses.replace(op, max_wait_us=left))
     return op

@@ -1,8 +1,12 @@
 """Limiter and AsyncLimiter: the public front of the sliding-window log.
 
-All the thinking (validation, key hashing, turning a store's verdict into a
-Decision or a ThrottleTimeout) happens in ``_LimiterCore``, which does no I/O.
-The two classes below only do the I/O for their world: call the store, sleep.
+Everything a limiter decides (validation, key hashing, retries of a failing store and
+what answers instead, turning a store's verdict into a Decision or a ThrottleTimeout,
+late wake-ups) is in ``_LimiterCore``, and each operation's course is one of its
+flows, written once for both worlds (see ``_flow``): ``_execute_flow`` (one store
+call, its retries, ``on_unavailable``) and ``_acquire_flow`` (book, sleep, check the
+arrival) built on it. The two classes below only perform the flows' steps in their
+world: call the store, sleep, read the clock.
 """
 
 from __future__ import annotations
@@ -16,8 +20,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -37,6 +40,7 @@ from ._backends.base import (
 )
 from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
 from ._failure import FailureGuard, OnUnavailable, shrink
+from ._flow import Call, Flow, ReadClock, Sleep, Step, arun, run
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._ranges import MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
@@ -75,28 +79,6 @@ def _call_id() -> str:
     return base64.urlsafe_b64encode(_ids.getrandbits(64).to_bytes(8, "big"))[:11].decode()
 
 
-@dataclass(frozen=True)
-class _Sleep:
-    """A flow's request to its driver: sleep this many seconds, then send the local time."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Look:
-    """A flow's request for a read it can do without: if the store cannot answer, the
-    driver sends None for the answer instead of raising."""
-
-    op: Inspect
-
-
-# A flow asks its driver for an operation (answered with the store's answer, whether
-# the store itself gave it, and the local time the answer was read) or a _Sleep
-# (answered with the local time after it). The flow reads no clock itself: it asks at
-# the local time it was last given, which is all it needs to know when it asked.
-_Flow = Generator["Acquire | _Look | _Sleep", Any, Decision]
-
-
 class _LimiterCore:
     """Configuration and every decision that needs no I/O."""
 
@@ -128,6 +110,8 @@ class _LimiterCore:
         # Local time: the injected clock (which the store then follows too), else a
         # monotonic one; StoreClock relates it to the store's clock.
         self._local: Callable[[], float] = clock or time.monotonic
+        # Wall-clock time, for what the upstream dates in epoch seconds (X-RateLimit-Reset).
+        self._wall: Callable[[], float] = clock or time.time
         # With an injected clock the store runs on that very clock: no drift between them.
         drift = 0.0 if clock else DRIFT
         self._store_clock = StoreClock(drift=drift)  # answers from the store
@@ -213,7 +197,7 @@ class _LimiterCore:
         *,
         refusal: bool,
         recheck_pause: bool = False,
-    ) -> _Flow:
+    ) -> Flow[Decision]:
         """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
         Book a slot, sleep until the store's clock reaches it, and check the call is
@@ -229,8 +213,8 @@ class _LimiterCore:
         op = self._acquire_op(key, cost, max_wait_us, started)
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
-            verdict, from_store, now = yield op
-            # The policy's answers are made here, at the end of the call: none came late.
+            verdict, from_store, now = yield from self._execute_flow(op, sent)
+            # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
@@ -242,12 +226,12 @@ class _LimiterCore:
             answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
             if not answered_late:
                 slept += wake - now
-                now = yield _Sleep(wake - now)
+                now = yield Sleep(wake - now)
                 # A sleep may end a little early (uvloop's millisecond timers): sleep the
                 # rest, once. (Not with an injected clock, which moves only as the injected
                 # sleep moves it, nor after a sleep that did not sleep at all: a test's.)
                 if self._clock is None and 5e-7 <= wake - now <= EARLY:
-                    now = yield _Sleep(wake - now)
+                    now = yield Sleep(wake - now)
                 # After a long sleep what is known of the store's clock has aged past the
                 # margin (DRIFT): one read of the store's time renews it. Sleeps shorter
                 # than about margin / (2 * DRIFT), 25 s by default, never need it, nor
@@ -256,8 +240,13 @@ class _LimiterCore:
                     self.margin and clock.spread(now) > self.margin >= clock.width()
                 ):
                     asked = now
-                    snap, from_store, now = yield _Look(self._inspect_op(key, now))
-                    if snap is not None:  # None: the store went away; the slot stands
+                    try:
+                        snap, from_store, now = yield from self._execute_flow(
+                            self._inspect_op(key, now), now
+                        )
+                    except BackendUnavailable:  # the store went away: the slot stands
+                        now = yield ReadClock()
+                    else:
                         self._observe(from_store, asked, now, snap.now_us)
                         if recheck_pause and snap.pause_until_us > snap.now_us:
                             log.debug("throttle_client: paused while it slept; queueing again")
@@ -284,13 +273,82 @@ class _LimiterCore:
             op, sent = self._rebook(op, max_wait_us, started, now, lead), now
 
     def _waiting_flow(
-        self, key: str, cost: int, timeout: float | timedelta | None, *, recheck_pause: bool = False
-    ) -> _Flow:
-        """The flow of an acquire (raising ThrottleTimeout), from now."""
+        self,
+        key: str,
+        cost: int,
+        timeout: float | timedelta | None,
+        now: float,
+        *,
+        recheck_pause: bool = False,
+    ) -> Flow[Decision]:
+        """The flow of an acquire (raising ThrottleTimeout), from local time ``now``."""
         wait = self._max_wait_us(timeout)
-        return self._acquire_flow(
-            key, cost, wait, self._local(), refusal=False, recheck_pause=recheck_pause
-        )
+        return self._acquire_flow(key, cost, wait, now, refusal=False, recheck_pause=recheck_pause)
+
+    def _send_flow(
+        self, key: str, cost: int, timeout: float | timedelta | None, now: float
+    ) -> Flow[Decision]:
+        """acquire as the transports use it before each request: a call that slept looks
+        for a pause first. (A subclass may wrap it, once for both worlds.)"""
+        return self._waiting_flow(key, cost, timeout, now, recheck_pause=True)
+
+    def _execute_flow(self, op: Op[T], now: float) -> Flow[tuple[T, bool, float]]:
+        """Ask the store at local time ``now``, retrying what may pass; if it stays
+        silent, ``on_unavailable`` answers. Returns the answer, whether the store gave it
+        (False: on_unavailable did), and the local time it came back."""
+        guard = self._guard
+        if guard.store_resting(now):
+            return guard.substitute(op)(), False, now
+        try:
+            result, now = yield Call(op)  # the common case: no retry machinery at all
+        except BackendUnavailable as first:
+            failed_at = yield ReadClock()
+            try:
+                result, now = yield from self._retry_flow(op, first, now, failed_at)
+            except BackendUnavailable as exc:
+                now = yield ReadClock()
+                guard.failed(exc, now)
+                return guard.substitute(op)(), False, now
+        guard.succeeded()
+        return result, True, now
+
+    def _retry_flow(
+        self, op: Op[T], first: BackendUnavailable, started: float, now: float
+    ) -> Flow[tuple[T, float]]:
+        """The retries of ``op``, whose first attempt (begun at ``started``) failed: as
+        tenacity's ``iter()`` decides, attempt by attempt. Raises the last failure."""
+        retrying = self._guard.retrying(op, now - started)
+        if retrying is None:
+            raise first
+        retrying.begin()
+        state = tenacity.RetryCallState(retrying, fn=None, args=(), kwargs={})
+        while True:
+            action = retrying.iter(state)  # raises the last failure once it gives up
+            if isinstance(action, tenacity.DoAttempt):
+                try:
+                    # The same call id: an attempt that did book is found, not booked again.
+                    result, now = yield Call(shrink(op, now - started))
+                except BackendUnavailable as exc:
+                    state.set_exception((type(exc), exc, exc.__traceback__))
+                    now = yield ReadClock()
+                else:
+                    state.set_result(result)
+            elif isinstance(action, tenacity.DoSleep):
+                state.prepare_for_next_attempt()
+                now = yield Sleep(float(action), backoff=True)
+            else:
+                return action, now
+
+    def _usage_flow(self, key: str, now: float) -> Flow[Usage]:
+        snap, _, _ = yield from self._execute_flow(self._inspect_op(key, now), now)
+        return self._usage(snap)
+
+    def _pause_flow(self, key: str, seconds: float | timedelta, now: float) -> Flow[float]:
+        until, _, _ = yield from self._execute_flow(self._pause_op(key, seconds, now), now)
+        return _seconds(until)
+
+    def _reset_flow(self, key: str, now: float) -> Flow[None]:
+        yield from self._execute_flow(self._reset_op(key), now)
 
     def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
         """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
@@ -357,13 +415,13 @@ class _LimiterCore:
             paused_until=_seconds(snap.pause_until_us) if snap.pause_until_us > now else None,
         )
 
-    def _pause_op(self, key: str, seconds: float | timedelta) -> Pause:
+    def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:
         duration = bounded_seconds(seconds, "pause seconds")
         return Pause(
             key=self.store_key(key),
             quota=self._quota,
             duration_us=round(duration * US),
-            now_us=self._at(self._local()),
+            now_us=self._at(now),
         )
 
     def _reset_op(self, key: str) -> Reset:
@@ -433,55 +491,18 @@ class Limiter(_LimiterCore):
         self.backend = backend
         self._sleep = sleep
 
-    def _execute(self, op: Op[T]) -> tuple[T, bool]:
-        """Ask the store, retrying what may pass; if it stays silent, the policy answers.
-        Also says whether the answer is the store's (False: the policy's)."""
-        guard = self._guard
-        if not guard.store_resting():
-            started = time.monotonic()
-            try:
-                result = self.backend.execute(op)  # the common case: no retry machinery
-            except BackendUnavailable as first:
-                options = guard.retry_options(op, started)
-                try:
-                    if options is None:
-                        raise first
-                    for attempt in tenacity.Retrying(**options):
-                        with attempt:
-                            result = self.backend.execute(shrink(op, started))
-                except BackendUnavailable as exc:
-                    guard.failed(exc)
-                    return guard.substitute(op)(), False
-            guard.succeeded()
-            return result, True
-        return guard.substitute(op)(), False
-
-    def _run(self, flow: _Flow) -> Decision:
-        """Drive an acquire flow with blocking calls."""
-        answer: Any = None
-        try:
-            while True:
-                step = flow.send(answer)
-                if isinstance(step, _Sleep):
-                    self._sleep(step.seconds)
-                    answer = self._local()
-                elif isinstance(step, _Look):
-                    try:
-                        seen, from_store = self._execute(step.op)
-                    except BackendUnavailable:
-                        seen, from_store = None, False
-                    answer = (seen, from_store, self._local())
-                else:
-                    verdict, from_store = self._execute(step)
-                    answer = (verdict, from_store, self._local())
-        except StopIteration as done:
-            decision: Decision = done.value
-            return decision
+    def _perform(self, step: Step) -> Any:
+        """One step of a flow, with blocking calls (see ``_flow``)."""
+        if isinstance(step, Call):
+            return self.backend.execute(step.op), self._local()
+        if isinstance(step, Sleep):
+            (time.sleep if step.backoff else self._sleep)(step.seconds)
+        return self._local()  # after a Sleep, or for a ReadClock
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked."""
-        return self._run(self._acquire_flow(key, cost, 0, self._local(), refusal=True))
+        return run(self._acquire_flow(key, cost, 0, self._local(), refusal=True), self._perform)
 
     def acquire(
         self, key: str, cost: int = 1, timeout: float | timedelta | None = None
@@ -491,24 +512,20 @@ class Limiter(_LimiterCore):
         Raises ThrottleTimeout (with ``retry_after``), booking nothing, when the slot
         is more than ``timeout`` seconds away.
         """
-        return self._run(self._waiting_flow(key, cost, timeout))
-
-    def _acquire_to_send(self, key: str, cost: int, timeout: float | timedelta | None) -> Decision:
-        """acquire() as the transports use it: a call that slept looks for a pause first."""
-        return self._run(self._waiting_flow(key, cost, timeout, recheck_pause=True))
+        return run(self._waiting_flow(key, cost, timeout, self._local()), self._perform)
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
-        return self._usage(self._execute(self._inspect_op(key, self._local()))[0])
+        return run(self._usage_flow(key, self._local()), self._perform)
 
     def pause(self, key: str, seconds: float | timedelta) -> float:
         """No slot for ``key`` before ``now + seconds``, for every worker; returns the
         pause's end (epoch seconds). A pause only ever moves forward."""
-        return _seconds(self._execute(self._pause_op(key, seconds))[0])
+        return run(self._pause_flow(key, seconds, self._local()), self._perform)
 
     def reset(self, key: str) -> None:
         """Forget everything about ``key``."""
-        self._execute(self._reset_op(key))
+        run(self._reset_flow(key, self._local()), self._perform)
 
 
 class AsyncLimiter(_LimiterCore):
@@ -545,54 +562,19 @@ class AsyncLimiter(_LimiterCore):
         self.backend = _as_async(backend)
         self._sleep = sleep
 
-    async def _execute(self, op: Op[T]) -> tuple[T, bool]:
-        """As Limiter._execute, awaiting the store."""
-        guard = self._guard
-        if not guard.store_resting():
-            started = time.monotonic()
-            try:
-                result = await self.backend.aexecute(op)
-            except BackendUnavailable as first:
-                options = guard.retry_options(op, started)
-                try:
-                    if options is None:
-                        raise first
-                    async for attempt in tenacity.AsyncRetrying(**options):
-                        with attempt:
-                            result = await self.backend.aexecute(shrink(op, started))
-                except BackendUnavailable as exc:
-                    guard.failed(exc)
-                    return guard.substitute(op)(), False
-            guard.succeeded()
-            return result, True
-        return guard.substitute(op)(), False
-
-    async def _run(self, flow: _Flow) -> Decision:
-        """Drive an acquire flow, awaiting the store and the sleeps."""
-        answer: Any = None
-        try:
-            while True:
-                step = flow.send(answer)
-                if isinstance(step, _Sleep):
-                    await self._sleep(step.seconds)
-                    answer = self._local()
-                elif isinstance(step, _Look):
-                    try:
-                        seen, from_store = await self._execute(step.op)
-                    except BackendUnavailable:
-                        seen, from_store = None, False
-                    answer = (seen, from_store, self._local())
-                else:
-                    verdict, from_store = await self._execute(step)
-                    answer = (verdict, from_store, self._local())
-        except StopIteration as done:
-            decision: Decision = done.value
-            return decision
+    async def _perform(self, step: Step) -> Any:
+        """One step of a flow, awaited (see ``_flow``)."""
+        if isinstance(step, Call):
+            return await self.backend.aexecute(step.op), self._local()
+        if isinstance(step, Sleep):
+            await (asyncio.sleep if step.backoff else self._sleep)(step.seconds)
+        return self._local()
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked."""
-        return await self._run(self._acquire_flow(key, cost, 0, self._local(), refusal=True))
+        flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True)
+        return await arun(flow, self._perform)
 
     async def acquire(
         self, key: str, cost: int = 1, timeout: float | timedelta | None = None
@@ -602,22 +584,16 @@ class AsyncLimiter(_LimiterCore):
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
-        return await self._run(self._waiting_flow(key, cost, timeout))
-
-    async def _acquire_to_send(
-        self, key: str, cost: int, timeout: float | timedelta | None
-    ) -> Decision:
-        """acquire() as the transports use it: a call that slept looks for a pause first."""
-        return await self._run(self._waiting_flow(key, cost, timeout, recheck_pause=True))
+        return await arun(self._waiting_flow(key, cost, timeout, self._local()), self._perform)
 
     async def usage(self, key: str) -> Usage:
-        return self._usage((await self._execute(self._inspect_op(key, self._local())))[0])
+        return await arun(self._usage_flow(key, self._local()), self._perform)
 
     async def pause(self, key: str, seconds: float | timedelta) -> float:
-        return _seconds((await self._execute(self._pause_op(key, seconds)))[0])
+        return await arun(self._pause_flow(key, seconds, self._local()), self._perform)
 
     async def reset(self, key: str) -> None:
-        await self._execute(self._reset_op(key))
+        await arun(self._reset_flow(key, self._local()), self._perform)
 
 
 def _as_async(backend: AsyncBackend | Backend) -> AsyncBackend:

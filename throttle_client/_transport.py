@@ -1,41 +1,31 @@
 """httpx transports and clients that ask a limiter before every request.
 
-Every decision (which limiter and key, whether a pause arrived while a request
-waited, how long the upstream wants us to hold off, whether to retry, what to log)
-lives in ``_TransportCore``, which does no I/O. ``ThrottledTransport`` and
-``AsyncThrottledTransport`` only do the I/O of their world: acquire, send, pause,
-drain a discarded response. Retries run on tenacity, from one set of options that
-both share; every attempt goes through ``limiter.acquire`` again, so a retry waits
-for the shared pause and for its own first-come-first-served slot.
+Every decision (which limiter and key, how long the upstream wants us to hold off,
+whether to retry, what to log) lives in ``_TransportCore``, and one request's whole
+course in its ``flow``: admit (the limiter's acquire flow), send, read the feedback,
+pause the key, retry. ``ThrottledTransport`` and ``AsyncThrottledTransport`` only
+perform the flow's steps in their world (see ``_flow``). Every attempt goes through
+the limiter again, so a retry waits for the shared pause and for its own
+first-come-first-served slot.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_result,
-    stop_after_attempt,
-    wait_none,
-)
 
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
+from ._flow import Discard, Flow, Send, Step, arun, run
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
-from ._results import Decision
 
 logger = logging.getLogger("throttle_client")
 
@@ -156,13 +146,6 @@ class _Plan(Generic[L]):
     retryable: bool
 
 
-@dataclass(frozen=True)
-class _Attempt(Generic[L]):
-    plan: _Plan[L]
-    response: httpx.Response
-    retry: bool
-
-
 @dataclass
 class _TransportCore(Generic[L]):
     """Every decision of a throttled transport; no I/O."""
@@ -215,22 +198,50 @@ class _TransportCore(Generic[L]):
             and isinstance(request.stream, httpx.ByteStream),
         )
 
-    def waited(self, plan: _Plan[L], decision: Decision) -> None:
-        """After the limiter admitted ``plan``: an unusually long wait is worth a line."""
-        if decision.waited > LONG_WAIT:
+    def flow(self, plan: _Plan[L], request: httpx.Request, now: float) -> Flow[httpx.Response]:
+        """One request's course, from local time ``now``, for both worlds: wait for its
+        slot, send it, pause the key for every worker if the upstream pushed back, and
+        send it again (through the limiter) while the retry policy allows. When the
+        attempts run out the last response is returned, whatever its status."""
+        limiter = plan.limiter
+        attempts, attempt = self.retry.max_attempts, 1
+        while True:
+            decision = yield from limiter._send_flow(plan.key, plan.cost, self.acquire_timeout, now)
+            if decision.waited > LONG_WAIT:
+                logger.info(
+                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
+                )
+            sent: tuple[httpx.Response, float, float] = yield Send(request)
+            response, now, wall = sent
+            pause, retry = self.judge(plan, response, attempt, now=wall)
+            if pause > 0:
+                _, _, now = yield from limiter._execute_flow(
+                    limiter._pause_op(plan.key, pause, now), now
+                )
+            if not retry or attempt == attempts:
+                return response
             logger.info(
-                "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
+                "retrying %s for %s (attempt %d of %d) after HTTP %d",
+                plan.target,
+                plan.label,
+                attempt + 1,
+                attempts,
+                response.status_code,
             )
+            now = yield Discard(response)
+            attempt += 1
 
     # -- after the response -------------------------------------------------------------
 
-    def judge(self, plan: _Plan[L], response: httpx.Response, attempt: int) -> tuple[float, bool]:
-        """Read the upstream's feedback and log it. Answers (seconds to pause the key
-        for every worker, 0 for none; whether to retry this request)."""
+    def judge(
+        self, plan: _Plan[L], response: httpx.Response, attempt: int, *, now: float
+    ) -> tuple[float, bool]:
+        """Read the upstream's feedback at wall-clock time ``now`` and log it. Answers
+        (seconds to pause the key for every worker, 0 for none; whether to retry)."""
         feedback = read_feedback(
             response.status_code,
             response.headers,
-            now=time.time(),
+            now=now,
             max_pause=self.retry.max_pause,
             fallback=self.retry.fallback(attempt),
         )
@@ -258,33 +269,6 @@ class _TransportCore(Generic[L]):
                 )
         return feedback.pause or 0.0, feedback.refused and plan.retryable
 
-    def retry_options(self) -> dict[str, Any]:
-        """The tenacity options both transports build their Retrying from.
-
-        No wait of tenacity's own: the next attempt's ``acquire`` waits for the shared
-        pause and its own slot. When attempts run out, the last response is returned.
-        """
-        return {
-            "stop": stop_after_attempt(self.retry.max_attempts),
-            "wait": wait_none(),
-            "retry": retry_if_result(lambda attempt: attempt.retry),
-            "retry_error_callback": lambda state: state.outcome.result(),
-        }
-
-    def discarded(self, state: RetryCallState) -> _Attempt[L]:
-        """The attempt tenacity is about to retry: log it; the caller drains it."""
-        assert state.outcome is not None
-        attempt: _Attempt[L] = state.outcome.result()
-        logger.info(
-            "retrying %s for %s (attempt %d of %d) after HTTP %d",
-            attempt.plan.target,
-            attempt.plan.label,
-            state.attempt_number + 1,
-            self.retry.max_attempts,
-            attempt.response.status_code,
-        )
-        return attempt
-
 
 def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The inner transport's share of httpx.Client arguments. ``proxy`` moves there
@@ -293,6 +277,25 @@ def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "proxy" in kwargs:
         options["proxy"] = kwargs.pop("proxy")
     return options
+
+
+def _drain(response: httpx.Response) -> None:
+    """Read and close a response thrown away: a drained one gives its connection back."""
+    try:
+        response.read()
+    except httpx.TransportError:
+        pass  # the body of a response we throw away is not worth an error
+    finally:
+        response.close()
+
+
+async def _adrain(response: httpx.Response) -> None:
+    try:
+        await response.aread()
+    except httpx.TransportError:
+        pass
+    finally:
+        await response.aclose()
 
 
 class ThrottledTransport(httpx.BaseTransport):
@@ -331,33 +334,18 @@ class ThrottledTransport(httpx.BaseTransport):
         plan = self._core.plan(request)
         if plan is None:
             return self._transport.handle_request(request)
-        attempts = itertools.count(1)
+        limiter = plan.limiter
 
-        def attempt() -> _Attempt[Limiter]:
-            self._admit(plan)
-            response = self._transport.handle_request(request)
-            pause, retry = self._core.judge(plan, response, next(attempts))
-            if pause > 0:
-                plan.limiter.pause(plan.key, pause)
-            return _Attempt(plan, response, retry)
+        def perform(step: Step) -> Any:
+            if isinstance(step, Send):
+                response = self._transport.handle_request(step.request)
+                return response, limiter._local(), limiter._wall()
+            if isinstance(step, Discard):
+                _drain(step.response)
+                return limiter._local()
+            return limiter._perform(step)
 
-        retrying = Retrying(before_sleep=self._discard, **self._core.retry_options())
-        result: _Attempt[Limiter] = retrying(attempt)
-        return result.response
-
-    def _admit(self, plan: _Plan[Limiter]) -> None:
-        timeout = self._core.acquire_timeout
-        decision = plan.limiter._acquire_to_send(plan.key, plan.cost, timeout)
-        self._core.waited(plan, decision)
-
-    def _discard(self, state: RetryCallState) -> None:
-        response = self._core.discarded(state).response
-        try:
-            response.read()  # a drained response gives its connection back to the pool
-        except httpx.TransportError:
-            pass  # the body of a response we throw away is not worth an error
-        finally:
-            response.close()
+        return run(self._core.flow(plan, request, limiter._local()), perform)
 
     def close(self) -> None:
         self._transport.close()
@@ -391,33 +379,18 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         plan = self._core.plan(request)
         if plan is None:
             return await self._transport.handle_async_request(request)
-        attempts = itertools.count(1)
+        limiter = plan.limiter
 
-        async def attempt() -> _Attempt[AsyncLimiter]:
-            await self._admit(plan)
-            response = await self._transport.handle_async_request(request)
-            pause, retry = self._core.judge(plan, response, next(attempts))
-            if pause > 0:
-                await plan.limiter.pause(plan.key, pause)
-            return _Attempt(plan, response, retry)
+        async def perform(step: Step) -> Any:
+            if isinstance(step, Send):
+                response = await self._transport.handle_async_request(step.request)
+                return response, limiter._local(), limiter._wall()
+            if isinstance(step, Discard):
+                await _adrain(step.response)
+                return limiter._local()
+            return await limiter._perform(step)
 
-        retrying = AsyncRetrying(before_sleep=self._discard, **self._core.retry_options())
-        result: _Attempt[AsyncLimiter] = await retrying(attempt)
-        return result.response
-
-    async def _admit(self, plan: _Plan[AsyncLimiter]) -> None:
-        timeout = self._core.acquire_timeout
-        decision = await plan.limiter._acquire_to_send(plan.key, plan.cost, timeout)
-        self._core.waited(plan, decision)
-
-    async def _discard(self, state: RetryCallState) -> None:
-        response = self._core.discarded(state).response
-        try:
-            await response.aread()  # a drained response gives its connection back
-        except httpx.TransportError:
-            pass  # the body of a response we throw away is not worth an error
-        finally:
-            await response.aclose()
+        return await arun(self._core.flow(plan, request, limiter._local()), perform)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
