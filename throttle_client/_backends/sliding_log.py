@@ -1,4 +1,4 @@
-"""The sliding-window log algorithm of DESIGN §2, written once over a small storage view.
+"""The sliding-window log algorithm of docs/design.md §1, written once over a small storage view.
 
 The memory and SQLite backends run this module. The Redis Lua script
 (``lua/sliding_log.lua``) runs the same algorithm, step for step, over a storage
@@ -72,7 +72,7 @@ def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
 
 
 def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
-    """DESIGN §2: max(now, last + gap, pause, and for each rate the time the cost fits)."""
+    """docs/design.md §1: max(now, last + gap, pause, and for each rate the time the cost fits)."""
     slot = max(now, log.pause_until)
     if log.last is not None:
         slot = max(slot, log.last + quota.min_interval_us)

@@ -1,4 +1,4 @@
-"""The SQLite store: the semantics of DESIGN §2 for every process on one host, no server.
+"""The SQLite store: the semantics of docs/design.md §1 for every process on one host, no server.
 
 Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``sliding_log.execute``
 over a view whose every lookup is one indexed query, so processes queue on

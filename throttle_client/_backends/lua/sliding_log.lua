@@ -1,5 +1,5 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
--- The algorithm is _log.py's (see that module for the reasoning); the storage is
+-- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
 -- shaped so that an admission costs five redis.call()s: TIME, GET, ZSCORE, ZADD, SET.
 --
 -- KEYS[1] L, the log: one zset holding each admitted call twice,
@@ -235,7 +235,7 @@ if op == 'acquire' then
   return reply(remaining_at(slot, {1, now, slot, pause}))
 end
 
-if op == 'inspect' then -- _log.inspect: used (slots up to now) apart from booked (ahead)
+if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)
   local through_now = cum_through(now)
   local answer = {now, earliest_slot(1), pause, total - through_now}
   for i = 1, nrates do
