@@ -115,7 +115,7 @@ class _LimiterCore:
         # With an injected clock the store runs on that very clock: no drift between them.
         drift = 0.0 if clock else DRIFT
         self._store_clock = StoreClock(drift=drift)  # answers from the store
-        self._host_clock = StoreClock(drift=drift)  # answers from the failure policy
+        self._host_clock = StoreClock(drift=drift)  # answers from on_unavailable
         self._warned_spread = threading.Event()
         # The margin widens every window and the gap in the slot arithmetic: requests
         # that leave up to ``margin`` after their slots still never crowd a window, nor

@@ -3,10 +3,10 @@
 Three outcomes, decided here and nowhere else:
 
 - **unavailable** (BackendUnavailable): the store may well answer again soon. The
-  limiter retries briefly, then its ``on_unavailable`` policy applies.
+  limiter retries briefly, then its ``on_unavailable`` applies.
 - **misconfigured** (BackendError): waiting will not mend it (a wrong password, a CA
   that does not verify, a missing ACL permission, ``cluster=True`` against a
-  standalone server). Never an outage, so a fail-open policy cannot turn a
+  standalone server). Never an outage, so ``on_unavailable="allow"`` cannot turn a
   misconfiguration into unthrottled traffic.
 - **error** (BackendError): the store answered, with an error (a key of the wrong
   type, a script error). Never a reason to let a call through either.
