@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend, _demo
-from throttle_client._cli import build_parser, main
+from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend
+from throttle_client.cli import demo
+from throttle_client.cli.command import build_parser, main
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_cli_test_token_5c1d9e"
@@ -84,10 +85,10 @@ def test_the_live_view_shows_used_apart_from_booked() -> None:
     limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=lambda _: None)
     for _ in range(12):
         limiter.acquire("t")  # ten slots now, two booked at 1 s
-    config = _demo.DemoConfig(tokens=1, rates=(Rate(10, 1),))
-    run = _demo.DemoRun(config, _demo._Store(), limiter, ("t",), [0] * 4)
+    config = demo.DemoConfig(tokens=1, rates=(Rate(10, 1),))
+    run = demo.DemoRun(config, demo._Store(), limiter, ("t",), [0] * 4)
     console = Console(file=io.StringIO(), width=200, record=True)
-    console.print(_demo.live_view(run))
+    console.print(demo.live_view(run))
     table = console.export_text()
     assert "booked" in table and "12/10" not in table
     assert re.search(r"token 1\W+0\W+0\W+0\W+0\W+2\W+10/10\W", table), table
@@ -101,13 +102,13 @@ def test_demo_exit_status_says_whether_anything_was_rejected(
     errors: list[str],
     status: int,
 ) -> None:
-    def fake_run(config: _demo.DemoConfig, **_: Any) -> _demo.DemoRun:
-        run = _demo.DemoRun(config, _demo._Store(), None, ("t",), None)  # type: ignore[arg-type]
+    def fake_run(config: demo.DemoConfig, **_: Any) -> demo.DemoRun:
+        run = demo.DemoRun(config, demo._Store(), None, ("t",), None)  # type: ignore[arg-type]
         run.summary = {"rejected": rejected, "requests": 9}
         run.errors = errors
         return run
 
-    monkeypatch.setattr(_demo, "run_demo", fake_run)
+    monkeypatch.setattr(demo, "run_demo", fake_run)
     assert main(["demo", "--json"]) == status
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is (status == 0) and out["rejected"] == rejected

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from throttle_client import Limiter, RedisBackend
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ._rate import Rate, coerce_rate
+from .._rate import Rate, coerce_rate
 
 
 @dataclass

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-from ._backends.base import Backend
-from ._backends.redis import RedisBackend
-from ._backends.sqlite import SQLiteBackend
-from ._errors import BackendError, ConfigurationError, ThrottleError
-from ._keys import SECRET_ENV
-from ._limiter import Limiter
-from ._rate import Rate
+from .._backends.base import Backend
+from .._backends.redis import RedisBackend
+from .._backends.sqlite import SQLiteBackend
+from .._errors import BackendError, ConfigurationError, ThrottleError
+from .._keys import SECRET_ENV
+from .._limiter import Limiter
+from .._rate import Rate
 
 PROG = "throttle-client"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
@@ -95,7 +95,7 @@ def _redact(url: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import _demo
+    from . import demo as _demo
 
     parser = _Parser(
         prog=PROG,
@@ -324,7 +324,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import _demo
+    from . import demo as _demo
 
     if args.redis is not None:
         try:
@@ -386,7 +386,7 @@ COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``throttle-client`` console script and ``python -m throttle_client``."""
-    from ._demo import DemoError
+    from .demo import DemoError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -43,17 +43,17 @@ from typing import Any
 
 import httpx
 
-from ._backends.base import Backend
-from ._backends.memory import MemoryBackend
-from ._backends.redis import RedisBackend
-from ._backends.sqlite import SQLiteBackend
-from ._errors import ThrottleTimeout
-from ._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
-from ._limiter import Limiter
-from ._rate import Rate
-from ._results import Decision
-from ._upstream import StrictUpstream
-from .testing import FakeClock
+from .._backends.base import Backend
+from .._backends.memory import MemoryBackend
+from .._backends.redis import RedisBackend
+from .._backends.sqlite import SQLiteBackend
+from .._errors import ThrottleTimeout
+from .._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
+from .._limiter import Limiter
+from .._rate import Rate
+from .._results import Decision
+from ..testing import FakeClock
+from .upstream import StrictUpstream
 
 # The demo's quota: a provider's "N per hour, M per second, calls at least g apart",
 # scaled down so that both windows bind within a few seconds.
@@ -177,8 +177,8 @@ class _CountingTransport(httpx.BaseTransport):
 
 def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
     """Crawler process: one thread per token, each fetching pages until the deadline."""
-    from ._cli import quiet
-    from ._transport import ThrottledTransport
+    from .._transport import ThrottledTransport
+    from .command import quiet
 
     quiet()  # 429s are counted and shown by the parent; log lines would garble its display
     report = _CrawlReport(plan.index)
