@@ -16,7 +16,8 @@ import pytest
 from rich.console import Console
 
 from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend
-from throttle_client.cli import demo
+from throttle_client._keys import SECRET_ENV
+from throttle_client.cli import command, demo
 from throttle_client.cli.command import build_parser, main
 from throttle_client.testing import FakeClock
 
@@ -175,6 +176,19 @@ def test_status_and_reset_on_sqlite(tmp_path: Path) -> None:
     reset = cli("reset", *common, "-", stdin=f"{TOKEN}\n")  # the token from standard input
     assert reset.returncode == 0 and "reset key 1" in reset.stdout
     assert limiter.usage(TOKEN).rates[0].used == 0 and limiter.usage(TOKEN).paused_for == 0
+
+
+def test_status_and_reset_hash_with_the_secret_the_library_reads(tmp_path: Path) -> None:
+    assert command.SECRET_ENV == SECRET_ENV  # the command names it without importing it
+    path = tmp_path / "limits.db"
+    env = {SECRET_ENV: "a-secret-of-our-own"}
+    limiter = Limiter(SQLiteBackend(path), rates=["5/minute"], key_secret=env[SECRET_ENV])
+    limiter.try_acquire(TOKEN)
+    status = cli("status", "--sqlite", str(path), "--rate", "5/minute", "--json", TOKEN, env=env)
+    assert json.loads(status.stdout)["keys"][0]["store_key"] == limiter.store_key(TOKEN)
+    reset = cli("reset", "--sqlite", str(path), TOKEN, env=env)
+    assert reset.returncode == 0 and limiter.store_key(TOKEN) in reset.stdout
+    assert limiter.usage(TOKEN).rates[0].used == 0
 
 
 def test_status_on_redis_with_the_token_from_the_environment(redis_url: str) -> None:

@@ -25,6 +25,8 @@ that, and a crawler that wakes later than its slot + margin books a new slot.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 import math
 import multiprocessing
 import queue
@@ -43,16 +45,18 @@ from typing import Any
 
 import httpx
 
-from .._backends.base import Backend
-from .._backends.memory import MemoryBackend
-from .._backends.redis import RedisBackend
-from .._backends.sqlite import SQLiteBackend
-from .._errors import ThrottleTimeout
-from .._limiter import DEFAULT_MARGIN as DEFAULT_MARGIN
-from .._limiter import Limiter
-from .._rate import Rate
-from .._results import Decision
-from ..testing import FakeClock
+from throttle_client import (
+    Backend,
+    Decision,
+    Limiter,
+    MemoryBackend,
+    Rate,
+    RedisBackend,
+    SQLiteBackend,
+    ThrottledTransport,
+    ThrottleTimeout,
+)
+
 from .upstream import StrictUpstream
 
 # The demo's quota: a provider's "N per hour, M per second, calls at least g apart",
@@ -64,6 +68,9 @@ DEFAULT_TOLERANCE = 0.0
 DEFAULT_DURATION = 10.0
 DEFAULT_WORKERS = 4
 DEFAULT_TOKENS = 2
+# The limiters' margin unless told otherwise: the library's own default, read where the
+# library documents it (Limiter's signature), so the demo shows what a worker gets.
+DEFAULT_MARGIN: float = inspect.signature(Limiter).parameters["margin"].default
 
 # Per token, in a shared array: requests sent, answered 200, answered 429, workers waiting.
 _SENT, _OK, _REFUSED, _WAITING = range(4)
@@ -175,11 +182,14 @@ class _CountingTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+def quiet() -> None:
+    """Keep the library's log lines (a store unavailable, an upstream 429) off the terminal:
+    the command reports failures itself, and they would garble the live display."""
+    logging.getLogger("throttle_client").setLevel(logging.ERROR)
+
+
 def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
     """Crawler process: one thread per token, each fetching pages until the deadline."""
-    from .._transport import ThrottledTransport
-    from .command import quiet
-
     quiet()  # 429s are counted and shown by the parent; log lines would garble its display
     report = _CrawlReport(plan.index)
     try:
@@ -268,18 +278,31 @@ def _serve_upstream(
 # -- judging a run ---------------------------------------------------------------------------
 
 
+class _Timeline:
+    """Time that moves only when the limiter sleeps: a schedule is counted, not waited for."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def most_calls(rates: Sequence[Rate], min_interval: float, span: float) -> int:
     """The most calls the quota admits in a closed span of ``span`` seconds: the library's
-    own earliest-slot schedule from an empty log, on a fake clock (no schedule of the
-    same calls places its k-th call earlier)."""
-    clock = FakeClock(0.0)
+    own earliest-slot schedule from an empty log, on a clock of its own (no schedule of
+    the same calls places its k-th call earlier)."""
+    clock = _Timeline()
     limiter = Limiter(
         MemoryBackend(),
         rates=list(rates),
         min_interval=min_interval,
         margin=0,  # the quota exactly as the upstream counts it
         clock=clock,
-        sleep=clock.advance,
+        sleep=clock.sleep,
     )
     count = 0
     while limiter.acquire("k").slot <= span + 1e-6:  # slots are whole µs: allow rounding
@@ -463,9 +486,7 @@ def run_demo(config: DemoConfig, *, watch: Callable[[DemoRun], None] | None = No
                     process.join()
             results.close()
             results.join_thread()
-            close = getattr(limiter.backend, "close", None)
-            if close is not None:
-                close()
+            limiter.backend.close()
         slots: dict[int, list[float]] = {}
         for report in reports:
             if report.error:
