@@ -5,6 +5,7 @@ none of it (nor ``rich``, which the live view of the demo needs: the ``cli`` ext
 
 - :mod:`.command`: the command line (``demo``, ``status``, ``reset``);
 - :mod:`.demo`: crawler processes sharing one quota against a strict local API;
+- :mod:`.live`: the demo's live view, with rich (the only module that imports it);
 - :mod:`.upstream`: that API, :class:`~throttle_client.cli.upstream.StrictUpstream`.
 """
 

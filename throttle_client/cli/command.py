@@ -5,6 +5,10 @@ not answer) ends in one line on stderr and a non-zero exit status, never a
 traceback. Keys are access tokens: they are never printed; they may come from an
 environment variable or standard input so they stay out of shell history.
 
+``demo`` shows a live view on a terminal when rich is installed (the ``cli`` extra);
+otherwise, or when its output is not a terminal, a plain progress line on stderr about
+once a second; ``--json`` prints only the summary, as one JSON object.
+
 Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed;
 2 bad arguments; 3 the store could not be reached or answered with an error.
 """
@@ -16,7 +20,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -350,22 +354,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         redis_url=args.redis,
     )
-    live = not args.json and sys.stdout.isatty() and _has_rich()
-    if live:
-        from rich.console import Console
-        from rich.live import Live
-
-        console = Console()
-        starting = f"starting the upstream API and {config.workers} crawler processes..."
-        with Live(starting, console=console, refresh_per_second=4) as display:
-            run = _demo.run_demo(config, watch=lambda run: display.update(_demo.live_view(run)))
-    else:
-        if not args.json:
-            print(
-                f"running the demo for {config.duration:g} s ({_demo.describe_quota(config)})...",
-                file=sys.stderr,
-            )
+    live = None if args.json or not sys.stdout.isatty() else _live_view()
+    if live is not None:
+        run = live(config)
+    elif args.json:
         run = _demo.run_demo(config)
+    else:
+        print(
+            f"running the demo for {config.duration:g} s ({_demo.describe_quota(config)})...",
+            file=sys.stderr,
+        )
+        if sys.stdout.isatty():
+            print(f"(for a live view: pip install '{PROG}[cli]')", file=sys.stderr)
+        run = _demo.run_demo(config, watch=_demo.ProgressLines(sys.stderr))
     ok = run.summary["rejected"] == 0 and not run.errors
     if args.json:
         print(json.dumps({**run.summary, "ok": ok, "errors": run.errors}))
@@ -374,12 +375,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _has_rich() -> bool:
+def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:
+    """The demo with its live view, or None without rich (the ``cli`` extra): the one
+    place where rich may be missing."""
     try:
-        import rich  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        from .live import run_live
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "rich":
+            raise  # a module of our own is missing: a broken install, not an option
+        return None
+    return run_live
 
 
 COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 
@@ -527,46 +527,32 @@ def describe_quota(config: DemoConfig) -> str:
     return f"{rates} per token, calls at least {config.min_interval:g} s apart"
 
 
-def live_view(run: DemoRun) -> Any:
-    """A rich renderable of the run so far: per token, what was sent, admitted, refused,
-    who is waiting, and the quota as the store sees it: used (slots up to now, never
-    over the limit) and booked (slots ahead, held by the waiting crawlers)."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+def progress_line(run: DemoRun, elapsed: float) -> str:
+    """One plain line of the run so far, for a terminal without the live view or a log."""
+    counts = [run.counts(number) for number in range(len(run.tokens))]
+    sent, ok, refused, waiting = (sum(column) for column in zip(*counts, strict=True))
+    return (
+        f"{min(elapsed, run.config.duration):5.1f} / {run.config.duration:g} s   "
+        f"sent {sent}, admitted {ok}, 429s {refused}, crawlers waiting for a slot {waiting}"
+    )
 
-    config = run.config
-    table = Table(
-        title=f"{config.workers} crawler processes sharing {describe_quota(config)}",
-        title_justify="left",
-    )
-    for name in ("token", "sent", "admitted", "429s", "waiting", "booked"):
-        table.add_column(name, justify="left" if name == "token" else "right")
-    for rate in config.rates:
-        table.add_column(f"used of {rate}", justify="right")
-    table.add_column("next slot in", justify="right")
-    for number, token in enumerate(run.tokens):
-        sent, ok, refused, waiting = run.counts(number)
-        usage = run.limiter.usage(token)
-        table.add_row(
-            f"token {number + 1}",
-            str(sent),
-            str(ok),
-            Text(str(refused), style="bold red" if refused else "green"),
-            str(waiting),
-            str(usage.rates[0].booked),
-            *(f"{r.used}/{r.rate.limit}" for r in usage.rates),
-            f"{usage.next_slot_in:.3f} s",
-        )
-    elapsed = time.monotonic() - run.started if run.started else 0.0
-    rejected = int(run.upstream_stats.get("rejected", 0))
-    per_token = run.upstream_stats.get("per_token", {})
-    admitted = sum(int(per_token.get(token, 0)) for token in run.tokens)
-    footer = Text(
-        f"{min(elapsed, config.duration):4.1f} / {config.duration:g} s   store: {run.store.name}"
-        f"   upstream: {admitted} admitted, {rejected} refused (429)"
-    )
-    return Group(table, footer)
+
+class ProgressLines:
+    """A ``watch`` for :func:`run_demo` that writes a :func:`progress_line` about once a
+    second (it is called four times as often): lines that read as well in a log or a
+    pipe as on a terminal, where a redrawn view would need rich."""
+
+    def __init__(self, out: TextIO, *, every: float = 1.0) -> None:
+        self._out = out
+        self._every = every
+        self._next = every
+
+    def __call__(self, run: DemoRun) -> None:
+        elapsed = time.monotonic() - run.started if run.started else 0.0
+        if elapsed < self._next:
+            return
+        self._next = (elapsed // self._every + 1) * self._every
+        print(progress_line(run, elapsed), file=self._out, flush=True)
 
 
 def summary_text(summary: dict[str, Any], errors: Sequence[str]) -> str:
