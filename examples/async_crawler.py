@@ -18,7 +18,8 @@ import time
 from collections import Counter
 
 from throttle_client import AsyncLimiter, AsyncRedisBackend, AsyncThrottledClient
-from throttle_client.testing import RedisServer, StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
+from throttle_client.testing import RedisServer
 
 TOKENS = ["token-1", "token-2", "token-3"]
 PAGES_PER_TOKEN = 12

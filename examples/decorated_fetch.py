@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from throttle_client import AsyncLimiter, Limiter, MemoryBackend, throttled
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
 
 RATES = ["5/second"]
 MIN_INTERVAL = 0.1

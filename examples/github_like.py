@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from throttle_client import Limiter, MemoryBackend, Rate, RetryPolicy, Route, ThrottledClient
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
 
 CORE = Rate(30, 2)  # GitHub: Rate(5000, 3600) per token
 SEARCH = Rate(6, 2)  # GitHub: Rate.parse("30/minute") per token, apart from the core quota

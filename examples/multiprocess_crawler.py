@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 from throttle_client import Limiter, Rate, RedisBackend, ThrottledTransport
-from throttle_client.testing import RedisServer, StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
+from throttle_client.testing import RedisServer
 
 TOKENS = ["token-alice", "token-bob"]
 RATE = Rate.parse("10/second")  # per token, across all workers

@@ -56,9 +56,9 @@ from throttle_client import (
     ThrottledClient,
     ThrottleTimeout,
 )
-from throttle_client._demo import most_calls
 from throttle_client._flow import Flow
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.demo import most_calls
+from throttle_client.cli.upstream import StrictUpstream
 
 # Both windows and the gap bind within a few seconds: 20 calls take 0.38 s at the gap
 # (0.855 s with the default margin's wider gap), so the first second is gap-paced, then

@@ -9,14 +9,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend, _demo
-from throttle_client._cli import build_parser, main
+from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend
+from throttle_client._keys import SECRET_ENV
+from throttle_client.cli import command, demo, live
+from throttle_client.cli.command import build_parser, main
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_cli_test_token_5c1d9e"
@@ -84,13 +87,84 @@ def test_the_live_view_shows_used_apart_from_booked() -> None:
     limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=lambda _: None)
     for _ in range(12):
         limiter.acquire("t")  # ten slots now, two booked at 1 s
-    config = _demo.DemoConfig(tokens=1, rates=(Rate(10, 1),))
-    run = _demo.DemoRun(config, _demo._Store(), limiter, ("t",), [0] * 4)
+    config = demo.DemoConfig(tokens=1, rates=(Rate(10, 1),))
+    run = demo.DemoRun(config, demo._Store(), limiter, ("t",), [0] * 4)
     console = Console(file=io.StringIO(), width=200, record=True)
-    console.print(_demo.live_view(run))
+    console.print(live.live_view(run))
     table = console.export_text()
     assert "booked" in table and "12/10" not in table
     assert re.search(r"token 1\W+0\W+0\W+0\W+0\W+2\W+10/10\W", table), table
+
+
+def test_the_demo_without_rich_prints_progress_lines_then_the_summary() -> None:
+    """As after ``pip install .``, with rich unimportable: not a redraw, but one plain
+    line about once a second on stderr, and the summary alone on stdout."""
+    run = "import sys; sys.modules['rich'] = None; from throttle_client.cli import main; "
+    result = subprocess.run(
+        [sys.executable, "-c", run + "raise SystemExit(main(sys.argv[1:]))",
+         "demo", "--duration", "2.5", "--workers", "2", "--tokens", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("throttle-client demo: 2 crawler processes, 1 tokens")
+    assert result.stdout.rstrip().endswith("OK: no request was rejected.")
+    progress = re.findall(r"^ *(\d+\.\d) / 2\.5 s   sent (\d+), admitted (\d+), 429s 0, ",
+                          result.stderr, re.M)  # fmt: skip
+    assert len(progress) >= 2, result.stderr
+    assert [float(p[0]) for p in progress] == sorted(float(p[0]) for p in progress)
+    assert int(progress[-1][1]) > 0 and progress[-1][1] == progress[-1][2]
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr  # no cursor games
+
+
+def fake_demo(monkeypatch: pytest.MonkeyPatch, limiter: Limiter | None = None) -> list[Any]:
+    """Replace the demo's run by one that calls its ``watch`` twice, 1.5 s in; returns
+    the watches it was given."""
+    watches: list[Any] = []
+
+    def fake_run(config: demo.DemoConfig, *, watch: Any = None) -> demo.DemoRun:
+        run = demo.DemoRun(config, demo._Store(), limiter, ("t",), [3, 3, 0, 1])  # type: ignore[arg-type]
+        run.started = time.monotonic() - 1.5
+        watches.append(watch)
+        for _ in range(2):
+            watch(run)
+        run.summary = {"rejected": 0}
+        return run
+
+    monkeypatch.setattr(demo, "run_demo", fake_run)
+    monkeypatch.setattr(demo, "summary_text", lambda summary, errors: "SUMMARY")
+    return watches
+
+
+def test_on_a_terminal_without_rich_the_demo_says_how_to_get_the_live_view(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in [name for name in sys.modules if name.partition(".")[0] == "rich"]:
+        monkeypatch.setitem(sys.modules, name, None)  # each, as a loaded one is reused
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.delitem(sys.modules, "throttle_client.cli.live")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    watches = fake_demo(monkeypatch)
+    assert main(["demo", "--tokens", "1"]) == 0
+    out, err = capsys.readouterr()
+    (watch,) = watches
+    assert isinstance(watch, demo.ProgressLines) and out == "SUMMARY\n"
+    assert "pip install 'throttle-client[cli]'" in err
+    lines = [line for line in err.splitlines() if " / 10 s " in line]
+    assert lines == ["  1.5 / 10 s   sent 3, admitted 3, 429s 0, crawlers waiting for a slot 1"]
+
+
+def test_on_a_terminal_with_rich_the_demo_draws_the_live_view(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    limiter = Limiter(MemoryBackend(), rates=demo.DemoConfig.rates)
+    watches = fake_demo(monkeypatch, limiter)
+    assert main(["demo", "--tokens", "1"]) == 0
+    out, err = capsys.readouterr()
+    (watch,) = watches
+    assert not isinstance(watch, demo.ProgressLines)
+    assert "booked" in out and "┏" in out and "upstream: 0 admitted" in out  # rich's table
+    assert " / 10 s   sent" not in err and "pip install" not in err
 
 
 @pytest.mark.parametrize(("rejected", "errors", "status"), [(0, [], 0), (2, [], 1), (0, ["x"], 1)])
@@ -101,13 +175,13 @@ def test_demo_exit_status_says_whether_anything_was_rejected(
     errors: list[str],
     status: int,
 ) -> None:
-    def fake_run(config: _demo.DemoConfig, **_: Any) -> _demo.DemoRun:
-        run = _demo.DemoRun(config, _demo._Store(), None, ("t",), None)  # type: ignore[arg-type]
+    def fake_run(config: demo.DemoConfig, **_: Any) -> demo.DemoRun:
+        run = demo.DemoRun(config, demo._Store(), None, ("t",), None)  # type: ignore[arg-type]
         run.summary = {"rejected": rejected, "requests": 9}
         run.errors = errors
         return run
 
-    monkeypatch.setattr(_demo, "run_demo", fake_run)
+    monkeypatch.setattr(demo, "run_demo", fake_run)
     assert main(["demo", "--json"]) == status
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is (status == 0) and out["rejected"] == rejected
@@ -174,6 +248,19 @@ def test_status_and_reset_on_sqlite(tmp_path: Path) -> None:
     reset = cli("reset", *common, "-", stdin=f"{TOKEN}\n")  # the token from standard input
     assert reset.returncode == 0 and "reset key 1" in reset.stdout
     assert limiter.usage(TOKEN).rates[0].used == 0 and limiter.usage(TOKEN).paused_for == 0
+
+
+def test_status_and_reset_hash_with_the_secret_the_library_reads(tmp_path: Path) -> None:
+    assert command.SECRET_ENV == SECRET_ENV  # the command names it without importing it
+    path = tmp_path / "limits.db"
+    env = {SECRET_ENV: "a-secret-of-our-own"}
+    limiter = Limiter(SQLiteBackend(path), rates=["5/minute"], key_secret=env[SECRET_ENV])
+    limiter.try_acquire(TOKEN)
+    status = cli("status", "--sqlite", str(path), "--rate", "5/minute", "--json", TOKEN, env=env)
+    assert json.loads(status.stdout)["keys"][0]["store_key"] == limiter.store_key(TOKEN)
+    reset = cli("reset", "--sqlite", str(path), TOKEN, env=env)
+    assert reset.returncode == 0 and limiter.store_key(TOKEN) in reset.stdout
+    assert limiter.usage(TOKEN).rates[0].used == 0
 
 
 def test_status_on_redis_with_the_token_from_the_environment(redis_url: str) -> None:

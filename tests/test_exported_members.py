@@ -37,3 +37,14 @@ def test_every_exported_class_and_function_has_a_docstring() -> None:
         if callable(getattr(throttle_client, name)) and not getattr(throttle_client, name).__doc__
     ]
     assert undocumented == []
+
+
+def test_the_moved_strict_upstream_still_imports_from_testing_with_a_warning() -> None:
+    from throttle_client.cli.upstream import StrictUpstream
+
+    with pytest.warns(DeprecationWarning, match=r"throttle_client\.cli\.upstream"):
+        from throttle_client.testing import StrictUpstream as old
+
+    assert old is StrictUpstream
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        throttle_client.testing.NoSuchName  # noqa: B018

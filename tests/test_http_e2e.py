@@ -13,7 +13,7 @@ from typing import Any
 
 from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 from throttle_client._limiter import DEFAULT_MARGIN
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
 
 WORKERS = 8
 RATE = Rate(10, 1)  # per token, sliding

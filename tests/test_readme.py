@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from throttle_client import Limiter, RedisBackend
-from throttle_client.testing import StrictUpstream
+from throttle_client.cli.upstream import StrictUpstream
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
 
 
@@ -19,6 +20,24 @@ def taken(limiter: Limiter) -> int:
     """Units of the token's first rate in slots up to now or booked ahead."""
     usage = limiter.usage("ACCESS-TOKEN").rates[0]
     return usage.used + usage.booked
+
+
+def test_the_readme_opens_with_the_live_demo_then_the_suite_ci_runs() -> None:
+    first = re.search(r"```bash\n(.*?)```", README.read_text(), re.DOTALL)
+    assert first is not None
+    commands = [line.partition("#")[0].strip() for line in first[1].splitlines()]
+    # The live view needs rich, which only the cli extra installs.
+    assert commands == [
+        "pip install -e '.[cli]' && throttle-client demo",
+        "pip install -e '.[test]' && pytest",
+    ]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "-e '.[test]'" in ci and "\npytest\n" in ci
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("rich") for dep in project["dependencies"])
+    assert any(dep.startswith("rich") for dep in project["optional-dependencies"]["cli"])
+    assert "throttle-client[cli]" in project["optional-dependencies"]["test"]
 
 
 def test_the_readme_has_sync_and_async_examples() -> None:

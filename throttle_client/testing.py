@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import asyncio
+import typing
+import warnings
 
 from ._backends.memory import MemoryBackend
 from ._redis_server import (
@@ -17,7 +19,6 @@ from ._redis_server import (
     RedisServer,
     RedisUnavailableError,
 )
-from ._upstream import StrictUpstream
 
 __all__ = [
     "FakeClock",
@@ -26,8 +27,23 @@ __all__ = [
     "RedisSentinelServers",
     "RedisServer",
     "RedisUnavailableError",
-    "StrictUpstream",
 ]
+
+
+def __getattr__(name: str) -> typing.Any:
+    # StrictUpstream moved to the command's package, which this module must not import
+    # (the library never does): the old name still works, on first use, with a warning.
+    if name == "StrictUpstream":
+        warnings.warn(
+            "throttle_client.testing.StrictUpstream is deprecated: import it from "
+            "throttle_client.cli.upstream",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from .cli.upstream import StrictUpstream
+
+        return StrictUpstream
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FakeClock:

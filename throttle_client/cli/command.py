@@ -5,6 +5,10 @@ not answer) ends in one line on stderr and a non-zero exit status, never a
 traceback. Keys are access tokens: they are never printed; they may come from an
 environment variable or standard input so they stay out of shell history.
 
+``demo`` shows a live view on a terminal when rich is installed (the ``cli`` extra);
+otherwise, or when its output is not a terminal, a plain progress line on stderr about
+once a second; ``--json`` prints only the summary, as one JSON object.
+
 Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed;
 2 bad arguments; 3 the store could not be reached or answered with an error.
 """
@@ -13,23 +17,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-from ._backends.base import Backend
-from ._backends.redis import RedisBackend
-from ._backends.sqlite import SQLiteBackend
-from ._errors import BackendError, ConfigurationError, ThrottleError
-from ._keys import SECRET_ENV
-from ._limiter import Limiter
-from ._rate import Rate
+from throttle_client import (
+    Backend,
+    BackendError,
+    ConfigurationError,
+    Limiter,
+    Rate,
+    RedisBackend,
+    SQLiteBackend,
+    ThrottleError,
+    store_key,
+)
+
+from . import demo as _demo
 
 PROG = "throttle-client"
+# Where the library reads its key secret when none is given (README, "Tokens are
+# secrets"): status and reset hash keys with it, as every worker's limiter does.
+SECRET_ENV = "THROTTLE_CLIENT_KEY_SECRET"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
 
@@ -95,8 +107,6 @@ def _redact(url: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import _demo
-
     parser = _Parser(
         prog=PROG,
         description="Client-side throttling shared by many workers: a live demo, and a look at "
@@ -262,26 +272,27 @@ def _open_store(args: argparse.Namespace) -> Backend:
     return SQLiteBackend(args.sqlite)
 
 
-def _label(number: int, limiter: Limiter, key: str) -> dict[str, str]:
+def _label(number: int, hashed: str) -> dict[str, str]:
     # Never the key itself: it is an access token. Its store key is safe to show.
-    return {"key": f"key {number}", "store_key": limiter.store_key(key)}
+    return {"key": f"key {number}", "store_key": hashed}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     keys = _keys(args)
-    limiter = Limiter(
-        _open_store(args),
-        rates=args.rate,
-        min_interval=args.min_interval,
-        margin=args.margin,
-        namespace=args.namespace,
-    )
+    with _open_store(args) as backend:
+        limiter = Limiter(
+            backend,
+            rates=args.rate,
+            min_interval=args.min_interval,
+            margin=args.margin,
+            namespace=args.namespace,
+        )
+        usages = [limiter.usage(key) for key in keys]
     report: list[dict[str, Any]] = []
-    for number, key in enumerate(keys, 1):
-        usage = limiter.usage(key)
+    for number, (key, usage) in enumerate(zip(keys, usages, strict=True), 1):
         report.append(
             {
-                **_label(number, limiter, key),
+                **_label(number, limiter.store_key(key)),
                 "rates": [
                     {
                         "rate": str(r.rate),
@@ -315,26 +326,24 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     keys = _keys(args)
-    limiter = Limiter(_open_store(args), rates=[Rate(1, 1)], namespace=args.namespace)
-    for number, key in enumerate(keys, 1):
-        limiter.reset(key)
-        label = _label(number, limiter, key)
-        print(f"reset {label['key']} (store key {label['store_key']})")
+    with _open_store(args) as backend:
+        for number, key in enumerate(keys, 1):
+            # The store key alone names the log: no rates are needed to forget it.
+            hashed = store_key(key, namespace=args.namespace)
+            backend.forget(hashed)
+            label = _label(number, hashed)
+            print(f"reset {label['key']} (store key {label['store_key']})")
     return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import _demo
-
     if args.redis is not None:
         try:
             backend = RedisBackend(args.redis)
         except ValueError as exc:
             raise _UsageError(f"bad Redis URL {_redact(args.redis)!r}: {exc}") from None
-        try:
-            Limiter(backend, rates=[Rate(1, 1)]).usage("probe")  # reachable, before anything starts
-        finally:
-            backend.close()
+        with backend:
+            backend.ping()  # reachable, before anything starts
     config = _demo.DemoConfig(
         workers=args.workers,
         tokens=args.tokens,
@@ -345,22 +354,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         redis_url=args.redis,
     )
-    live = not args.json and sys.stdout.isatty() and _has_rich()
-    if live:
-        from rich.console import Console
-        from rich.live import Live
-
-        console = Console()
-        starting = f"starting the upstream API and {config.workers} crawler processes..."
-        with Live(starting, console=console, refresh_per_second=4) as display:
-            run = _demo.run_demo(config, watch=lambda run: display.update(_demo.live_view(run)))
-    else:
-        if not args.json:
-            print(
-                f"running the demo for {config.duration:g} s ({_demo.describe_quota(config)})...",
-                file=sys.stderr,
-            )
+    live = None if args.json or not sys.stdout.isatty() else _live_view()
+    if live is not None:
+        run = live(config)
+    elif args.json:
         run = _demo.run_demo(config)
+    else:
+        print(
+            f"running the demo for {config.duration:g} s ({_demo.describe_quota(config)})...",
+            file=sys.stderr,
+        )
+        if sys.stdout.isatty():
+            print(f"(for a live view: pip install '{PROG}[cli]')", file=sys.stderr)
+        run = _demo.run_demo(config, watch=_demo.ProgressLines(sys.stderr))
     ok = run.summary["rejected"] == 0 and not run.errors
     if args.json:
         print(json.dumps({**run.summary, "ok": ok, "errors": run.errors}))
@@ -369,16 +375,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _has_rich() -> bool:
+def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:
+    """The demo with its live view, or None without rich (the ``cli`` extra): the one
+    place where rich may be missing."""
     try:
-        import rich  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def quiet() -> None:
-    logging.getLogger("throttle_client").setLevel(logging.ERROR)
+        from .live import run_live
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "rich":
+            raise  # a module of our own is missing: a broken install, not an option
+        return None
+    return run_live
 
 
 COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}
@@ -386,13 +392,11 @@ COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``throttle-client`` console script and ``python -m throttle_client``."""
-    from ._demo import DemoError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     # The command reports failures itself, in one line: the library's log lines (a store
     # unavailable, an upstream 429) would only repeat them, or garble the live display.
-    quiet()
+    _demo.quiet()
     prefix = f"{PROG} {args.command}: error:"
     try:
         return COMMANDS[args.command](args)
@@ -402,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendError as exc:  # BackendUnavailable included
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_STORE
-    except (ThrottleError, DemoError, OSError) as exc:
+    except (ThrottleError, _demo.DemoError, OSError) as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -24,7 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ._rate import Rate, coerce_rate
+from throttle_client import Rate
+
+
+def _rate(rate: Rate | str) -> Rate:
+    return rate if isinstance(rate, Rate) else Rate.parse(rate)
 
 
 @dataclass
@@ -71,13 +75,13 @@ class StrictUpstream:
         path_rates: Mapping[str, Sequence[Rate | str]] | None = None,
         port: int = 0,
     ) -> None:
-        self.rates = tuple(coerce_rate(rate) for rate in rates)
+        self.rates = tuple(_rate(rate) for rate in rates)
         self.min_interval = min_interval
         self.tolerance = tolerance
         self.storm_retry_after = storm_retry_after
         self.send_headers = send_headers
         self.path_rates = {
-            prefix: tuple(coerce_rate(rate) for rate in rates)
+            prefix: tuple(_rate(rate) for rate in rates)
             for prefix, rates in (path_rates or {}).items()
         }
         self._tokens: dict[str, _TokenLog] = {}

@@ -1,0 +1,14 @@
+"""The ``throttle-client`` command and its demo, apart from the library.
+
+The library never imports this package: a worker that throttles its requests loads
+none of it (nor ``rich``, which the live view of the demo needs: the ``cli`` extra).
+
+- :mod:`.command`: the command line (``demo``, ``status``, ``reset``);
+- :mod:`.demo`: crawler processes sharing one quota against a strict local API;
+- :mod:`.live`: the demo's live view, with rich (the only module that imports it);
+- :mod:`.upstream`: that API, :class:`~throttle_client.cli.upstream.StrictUpstream`.
+"""
+
+from .command import main
+
+__all__ = ["main"]
