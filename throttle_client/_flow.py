@@ -21,6 +21,7 @@ import httpx
 from ._backends.base import Op
 
 R = TypeVar("R")
+S = TypeVar("S")  # a step
 T = TypeVar("T")
 
 
@@ -67,7 +68,7 @@ Step = Call[Any] | Sleep | ReadClock | Send | Discard
 Flow = Generator[Step, Any, R]
 
 
-def run(flow: Flow[R], perform: Callable[[Step], Any]) -> R:
+def run(flow: Generator[S, Any, R], perform: Callable[[S], Any]) -> R:
     """Drive ``flow`` to its end with blocking calls; its return value is ours."""
     result: Any = None
     error: Exception | None = None
@@ -83,7 +84,7 @@ def run(flow: Flow[R], perform: Callable[[Step], Any]) -> R:
             result, error = None, exc
 
 
-async def arun(flow: Flow[R], perform: Callable[[Step], Awaitable[Any]]) -> R:
+async def arun(flow: Generator[S, Any, R], perform: Callable[[S], Awaitable[Any]]) -> R:
     """Drive ``flow`` to its end, awaiting each step."""
     result: Any = None
     error: Exception | None = None

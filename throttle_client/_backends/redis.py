@@ -14,7 +14,8 @@ import contextlib
 import functools
 import hashlib
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Generator
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar, cast
 
@@ -24,6 +25,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
 
+from .._flow import arun, run
 from .base import (
     Acquire,
     AsyncBackend,
@@ -136,6 +138,39 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
 _NOSCRIPT_TRIES = 3
 
 
+@dataclass(frozen=True)
+class _Command:
+    """A step of ``_script_flow``: one redis-py client method and its arguments."""
+
+    name: str  # evalsha, script_load, config_get
+    args: tuple[Any, ...]
+
+
+def _script_flow(
+    op: Op[T], memory_checked: threading.Lock, repairs: RepairNotice
+) -> Generator[_Command, Any, T]:
+    """One operation as the script runs it, for both backends (see ``_flow``): EVALSHA,
+    loading the script again after NOSCRIPT; driver errors become ours. The first call
+    that succeeds also asks whether Redis may evict the limiter's keys."""
+    keys, args = encode(op)
+    try:
+        for tries_left in reversed(range(_NOSCRIPT_TRIES)):
+            try:
+                reply = yield _Command("evalsha", (SHA, len(keys), *keys, *args))
+                break
+            except rx.NoScriptError:
+                if not tries_left:
+                    raise
+                yield _Command("script_load", (SCRIPT,))
+    except DRIVER_ERRORS as exc:
+        raise translate(exc) from exc
+    if memory_checked.acquire(blocking=False):
+        # Refused (NOPERM, CONFIG renamed on a managed service): stay silent.
+        with contextlib.suppress(*DRIVER_ERRORS):
+            warn_if_evicting((yield _Command("config_get", ("maxmemory*",))))
+    return decode(op, reply, repairs)
+
+
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
@@ -191,25 +226,13 @@ class RedisBackend(Backend):
             return self._runner
 
     def execute(self, op: Op[T]) -> T:
-        keys, args = encode(op)
+        def perform(command: _Command) -> Any:
+            # Connecting a Cluster URL's client may fail too: the flow translates it.
+            runner = self._runner or self._connect()
+            return getattr(runner, command.name)(*command.args)
+
         with self._in_flight:
-            try:
-                runner = self._runner or self._connect()
-                for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-                    try:
-                        reply = runner.evalsha(SHA, len(keys), *keys, *args)
-                        break
-                    except rx.NoScriptError:
-                        if not tries_left:
-                            raise
-                        runner.script_load(SCRIPT)
-            except DRIVER_ERRORS as exc:
-                raise translate(exc) from exc
-            if self._memory_checked.acquire(blocking=False):
-                # Refused (NOPERM, CONFIG renamed on a managed service): stay silent.
-                with contextlib.suppress(*DRIVER_ERRORS):
-                    warn_if_evicting(runner.config_get("maxmemory*"))
-        return decode(op, reply, self._repairs)
+            return run(_script_flow(op, self._memory_checked, self._repairs), perform)
 
     def close(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
@@ -259,26 +282,14 @@ class AsyncRedisBackend(AsyncBackend):
         self._memory_checked = threading.Lock()
 
     async def aexecute(self, op: Op[T]) -> T:
-        keys, args = encode(op)
         runner = self._runner
+
+        async def perform(command: _Command) -> Any:
+            # (redis-py types the sync and async clients' methods as one, before 8.0)
+            return await cast(Awaitable[Any], getattr(runner, command.name)(*command.args))
+
         async with self._in_flight:
-            try:
-                for tries_left in reversed(range(_NOSCRIPT_TRIES)):
-                    try:
-                        # (redis-py types the sync and async evalsha as one, before 8.0)
-                        pending = runner.evalsha(SHA, len(keys), *keys, *args)
-                        reply = await cast(Awaitable[Any], pending)
-                        break
-                    except rx.NoScriptError:
-                        if not tries_left:
-                            raise
-                        await runner.script_load(SCRIPT)
-            except DRIVER_ERRORS as exc:
-                raise translate(exc) from exc
-            if self._memory_checked.acquire(blocking=False):
-                with contextlib.suppress(*DRIVER_ERRORS):
-                    warn_if_evicting(await runner.config_get("maxmemory*"))
-        return decode(op, reply, self._repairs)
+            return await arun(_script_flow(op, self._memory_checked, self._repairs), perform)
 
     async def aclose(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
