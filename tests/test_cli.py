@@ -266,8 +266,8 @@ def test_status_and_reset_hash_with_the_secret_the_library_reads(tmp_path: Path)
 def test_status_on_redis_with_the_token_from_the_environment(redis_url: str) -> None:
     from throttle_client import RedisBackend
 
-    limiter = Limiter(RedisBackend(redis_url), rates=["5/minute"], namespace="crawl")
-    limiter.try_acquire(TOKEN)
+    with RedisBackend(redis_url) as backend:
+        Limiter(backend, rates=["5/minute"], namespace="crawl").try_acquire(TOKEN)
     result = cli("status", "--redis", redis_url, "--namespace", "crawl", "--rate", "5/minute",
                  "--key-env", "TC_TOKEN", "--json", env={"TC_TOKEN": TOKEN})  # fmt: skip
     assert result.returncode == 0, result.stderr

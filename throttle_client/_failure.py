@@ -69,6 +69,18 @@ class LocalFallback:
 OnUnavailable = Literal["raise", "allow"] | LocalFallback
 
 
+class Budget(tenacity.stop.stop_base):
+    """Stop once ``spent`` (set by the flow, on the limiter's clock) reaches ``seconds``:
+    retries are timed on the limiter's clock, as its sleeps are, not on tenacity's."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.spent = 0.0
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.spent >= self.seconds
+
+
 class FailureGuard:
     """The no-I/O half of failure handling: when to try the store, how to retry it, and
     what answers instead. Times are the limiter's local clock, passed in.
@@ -98,24 +110,24 @@ class FailureGuard:
         """True while a recent failure says: don't wait on the store, answer without it."""
         return now < self._down_until
 
-    def retrying(self, op: Op[Any], spent: float) -> tenacity.Retrying | None:
+    def retrying(self, op: Op[Any], spent: float) -> tuple[tenacity.Retrying, Budget] | None:
         """What decides the retries of ``op`` whose first attempt failed ``spent``
-        seconds after it began: BackendUnavailable is retried for at most ``retry_for``
-        seconds in all, and never past an acquire's own timeout. None when no time is
-        left (a hung store already took it: another attempt would wait a socket timeout).
-        Only its ``iter()`` is used: the limiter's flow makes the attempts and sleeps."""
+        seconds after it began, and the budget the flow keeps up to date: BackendUnavailable
+        is retried for at most ``retry_for`` seconds in all, and never past an acquire's
+        own timeout. None when no time is left (a hung store already took it: another
+        attempt would wait a socket timeout). Only tenacity's ``iter()`` is used: the
+        limiter's flow makes the attempts and the sleeps."""
         budget = self.retry_for
         if isinstance(op, Acquire) and op.max_wait_us > 0:
             budget = min(budget, op.max_wait_us / 1_000_000)
         budget -= spent
         if budget <= 0:
             return None
-        return tenacity.Retrying(
-            retry=_RETRY_IF,
-            stop=tenacity.stop_after_attempt(3) | tenacity.stop_after_delay(budget),
-            wait=_WAIT,
-            reraise=True,
+        left = Budget(budget)
+        retrying = tenacity.Retrying(
+            retry=_RETRY_IF, stop=tenacity.stop_after_attempt(3) | left, wait=_WAIT, reraise=True
         )
+        return retrying, left
 
     def succeeded(self) -> None:
         if self._down:

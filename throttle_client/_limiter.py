@@ -22,10 +22,11 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import tenacity
 
+from ._backends import legacy
 from ._backends.base import (
     Acquire,
     AsyncBackend,
@@ -40,7 +41,7 @@ from ._backends.base import (
 )
 from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
 from ._failure import FailureGuard, OnUnavailable, shrink
-from ._flow import Call, Flow, ReadClock, Sleep, Step, arun, run
+from ._flow import Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._ranges import MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
@@ -317,12 +318,15 @@ class _LimiterCore:
     ) -> Flow[tuple[T, float]]:
         """The retries of ``op``, whose first attempt (begun at ``started``) failed: as
         tenacity's ``iter()`` decides, attempt by attempt. Raises the last failure."""
-        retrying = self._guard.retrying(op, now - started)
-        if retrying is None:
+        decider = self._guard.retrying(op, now - started)
+        if decider is None:
             raise first
+        retrying, budget = decider
         retrying.begin()
         state = tenacity.RetryCallState(retrying, fn=None, args=(), kwargs={})
+        retries_began = now
         while True:
+            budget.spent = now - retries_began
             action = retrying.iter(state)  # raises the last failure once it gives up
             if isinstance(action, tenacity.DoAttempt):
                 try:
@@ -335,7 +339,7 @@ class _LimiterCore:
                     state.set_result(result)
             elif isinstance(action, tenacity.DoSleep):
                 state.prepare_for_next_attempt()
-                now = yield Sleep(float(action), backoff=True)
+                now = yield Sleep(float(action))
             else:
                 return action, now
 
@@ -343,9 +347,12 @@ class _LimiterCore:
         snap, _, _ = yield from self._execute_flow(self._inspect_op(key, now), now)
         return self._usage(snap)
 
-    def _pause_flow(self, key: str, seconds: float | timedelta, now: float) -> Flow[float]:
-        until, _, _ = yield from self._execute_flow(self._pause_op(key, seconds, now), now)
-        return _seconds(until)
+    def _pause_flow(
+        self, key: str, seconds: float | timedelta, now: float
+    ) -> Flow[tuple[float, float]]:
+        """Pause ``key``: the pause's end (epoch seconds), and the local time after."""
+        until, _, now = yield from self._execute_flow(self._pause_op(key, seconds, now), now)
+        return _seconds(until), now
 
     def _reset_flow(self, key: str, now: float) -> Flow[None]:
         yield from self._execute_flow(self._reset_op(key), now)
@@ -471,13 +478,10 @@ class Limiter(_LimiterCore):
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
     ) -> None:
-        if isinstance(backend, AsyncBackend):
-            raise TypeError(f"{type(backend).__name__} is asynchronous: use AsyncLimiter with it")
+        if not isinstance(backend, (Backend, AsyncBackend)):
+            backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
         if not isinstance(backend, Backend):
-            raise TypeError(
-                f"a Limiter needs a Backend (MemoryBackend, SQLiteBackend, RedisBackend, or "
-                f"a subclass of throttle_client.Backend), not {backend!r}"
-            )
+            raise TypeError(f"{type(backend).__name__} is asynchronous: use AsyncLimiter with it")
         super().__init__(
             rates=rates,
             min_interval=min_interval,
@@ -491,12 +495,12 @@ class Limiter(_LimiterCore):
         self.backend = backend
         self._sleep = sleep
 
-    def _perform(self, step: Step) -> Any:
+    def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, with blocking calls (see ``_flow``)."""
         if isinstance(step, Call):
             return self.backend.execute(step.op), self._local()
         if isinstance(step, Sleep):
-            (time.sleep if step.backoff else self._sleep)(step.seconds)
+            self._sleep(step.seconds)
         return self._local()  # after a Sleep, or for a ReadClock
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
@@ -521,7 +525,7 @@ class Limiter(_LimiterCore):
     def pause(self, key: str, seconds: float | timedelta) -> float:
         """No slot for ``key`` before ``now + seconds``, for every worker; returns the
         pause's end (epoch seconds). A pause only ever moves forward."""
-        return run(self._pause_flow(key, seconds, self._local()), self._perform)
+        return run(self._pause_flow(key, seconds, self._local()), self._perform)[0]
 
     def reset(self, key: str) -> None:
         """Forget everything about ``key``."""
@@ -562,12 +566,12 @@ class AsyncLimiter(_LimiterCore):
         self.backend = _as_async(backend)
         self._sleep = sleep
 
-    async def _perform(self, step: Step) -> Any:
+    async def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, awaited (see ``_flow``)."""
         if isinstance(step, Call):
             return await self.backend.aexecute(step.op), self._local()
         if isinstance(step, Sleep):
-            await (asyncio.sleep if step.backoff else self._sleep)(step.seconds)
+            await self._sleep(step.seconds)
         return self._local()
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
@@ -590,18 +594,32 @@ class AsyncLimiter(_LimiterCore):
         return await arun(self._usage_flow(key, self._local()), self._perform)
 
     async def pause(self, key: str, seconds: float | timedelta) -> float:
-        return await arun(self._pause_flow(key, seconds, self._local()), self._perform)
+        return (await arun(self._pause_flow(key, seconds, self._local()), self._perform))[0]
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
 
 
 def _as_async(backend: AsyncBackend | Backend) -> AsyncBackend:
-    if isinstance(backend, AsyncBackend):
-        return backend
-    if isinstance(backend, Backend):
-        return backend.to_async()
-    raise TypeError(
-        f"an AsyncLimiter needs an AsyncBackend (AsyncRedisBackend, or a subclass of "
-        f"throttle_client.AsyncBackend) or a Backend it can run in threads, not {backend!r}"
-    )
+    if not isinstance(backend, (Backend, AsyncBackend)):
+        backend = legacy.adopt(backend, 3) or _not_a_backend(backend, "AsyncLimiter")
+    return backend if isinstance(backend, AsyncBackend) else backend.to_async()
+
+
+def _not_a_backend(thing: object, limiter: str) -> NoReturn:
+    """A TypeError that names what was given briefly and says what to give instead."""
+    kind = type(thing).__name__
+    if isinstance(thing, str):
+        hint = "a URL: give RedisBackend(url) or SQLiteBackend(path)"
+    elif type(thing).__module__.startswith("redis.asyncio"):
+        hint = "a redis-py client: wrap it, AsyncRedisBackend(client)"
+    elif type(thing).__module__.startswith("redis"):
+        hint = "a redis-py client: wrap it, RedisBackend(client)"
+    elif limiter == "Limiter":
+        hint = "give MemoryBackend(), SQLiteBackend(path), RedisBackend(...) or a Backend subclass"
+    else:
+        hint = (
+            "give AsyncRedisBackend(...), MemoryBackend(), SQLiteBackend(path), or a "
+            "subclass of AsyncBackend or Backend"
+        )
+    raise TypeError(f"a {limiter} needs a backend, not a {kind}; {hint}")

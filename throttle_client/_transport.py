@@ -22,7 +22,7 @@ import httpx
 
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
-from ._flow import Discard, Flow, Send, Step, arun, run
+from ._flow import Flow, arun, run
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
@@ -135,6 +135,22 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Send:
+    """A step of a request's flow: send ``request`` upstream. Result: ``(response, local
+    time, wall-clock time)``."""
+
+    request: httpx.Request
+
+
+@dataclass(frozen=True)
+class Discard:
+    """A step of a request's flow: drain and close ``response`` (it gives its connection
+    back). Result: the local time."""
+
+    response: httpx.Response
+
+
+@dataclass(frozen=True)
 class _Plan(Generic[L]):
     """How one request is throttled."""
 
@@ -215,9 +231,7 @@ class _TransportCore(Generic[L]):
             response, now, wall = sent
             pause, retry = self.judge(plan, response, attempt, now=wall)
             if pause > 0:
-                _, _, now = yield from limiter._execute_flow(
-                    limiter._pause_op(plan.key, pause, now), now
-                )
+                _, now = yield from limiter._pause_flow(plan.key, pause, now)
             if not retry or attempt == attempts:
                 return response
             logger.info(
@@ -336,7 +350,7 @@ class ThrottledTransport(httpx.BaseTransport):
             return self._transport.handle_request(request)
         limiter = plan.limiter
 
-        def perform(step: Step) -> Any:
+        def perform(step: Any) -> Any:
             if isinstance(step, Send):
                 response = self._transport.handle_request(step.request)
                 return response, limiter._local(), limiter._wall()
@@ -381,7 +395,7 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
             return await self._transport.handle_async_request(request)
         limiter = plan.limiter
 
-        async def perform(step: Step) -> Any:
+        async def perform(step: Any) -> Any:
             if isinstance(step, Send):
                 response = await self._transport.handle_async_request(step.request)
                 return response, limiter._local(), limiter._wall()

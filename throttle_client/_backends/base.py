@@ -19,6 +19,7 @@ import abc
 import asyncio
 import contextvars
 import functools
+import inspect
 import os
 import threading
 import time
@@ -166,6 +167,14 @@ class Backend(abc.ABC):
     that shares the store. It is a context manager: leaving the block closes it.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if inspect.iscoroutinefunction(cls.__dict__.get("execute")):
+            raise TypeError(
+                f"{cls.__name__}.execute is a coroutine function: an asyncio store "
+                "subclasses AsyncBackend and defines aexecute"
+            )
+
     @abc.abstractmethod
     def execute(self, op: Op[T]) -> T:
         """Run ``op`` in one atomic step and answer it."""
@@ -201,6 +210,15 @@ class AsyncBackend(abc.ABC):
 
     A subclass answers every operation in ``aexecute``; ``async with`` closes it.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        aexecute = cls.__dict__.get("aexecute")
+        if aexecute is not None and not inspect.iscoroutinefunction(aexecute):
+            raise TypeError(
+                f"{cls.__name__}.aexecute must be a coroutine function (async def); a "
+                "blocking store subclasses Backend and defines execute"
+            )
 
     @abc.abstractmethod
     async def aexecute(self, op: Op[T]) -> T:

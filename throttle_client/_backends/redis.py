@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import threading
+import warnings
 from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from importlib import resources
@@ -290,6 +291,15 @@ class AsyncRedisBackend(AsyncBackend):
 
         async with self._in_flight:
             return await arun(_script_flow(op, self._memory_checked, self._repairs), perform)
+
+    async def execute(self, op: Op[T]) -> T:
+        """Deprecated: ``aexecute``, the asyncio stores' name for it."""
+        warnings.warn(
+            "AsyncRedisBackend.execute is deprecated: use aexecute",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return await self.aexecute(op)
 
     async def aclose(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
