@@ -1,7 +1,7 @@
-"""The memory backend, the Redis backend and the naive model of DESIGN §2 must agree.
+"""Every backend (memory, SQLite, Redis) and the naive model of DESIGN §2 must agree.
 
 Random sequences of clock moves and operations on a few keys are run against all
-three; every answer is compared in whole microseconds. The clock is driven in
+of them; every answer is compared in whole microseconds. The clock is driven in
 integer microseconds, so float seconds never blur an edge of a window.
 """
 
@@ -25,7 +25,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from throttle_client import CostTooHigh, Limiter, MemoryBackend, Rate, RedisBackend, ThrottleTimeout
+from throttle_client import (
+    CostTooHigh,
+    Limiter,
+    MemoryBackend,
+    Rate,
+    RedisBackend,
+    SQLiteBackend,
+    ThrottleTimeout,
+)
 
 from .model import Model
 
@@ -62,9 +70,10 @@ def no_sleep(seconds: float) -> None:
 
 
 class Agreement(RuleBasedStateMachine):
-    def __init__(self, redis: RedisBackend) -> None:
+    def __init__(self, redis: RedisBackend, sqlite: SQLiteBackend) -> None:
         super().__init__()
         self.redis = redis
+        self.sqlite = sqlite
         self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
 
     @initialize(rates=RATES, gap=GAPS, margin=MARGINS)
@@ -83,9 +92,13 @@ class Agreement(RuleBasedStateMachine):
             "clock": self.clock,
             "sleep": no_sleep,
         }
+        # The shared stores get a fresh namespace per example, so no example sees the
+        # keys of another (a file or a server per example would cost far more time).
+        namespace = f"model{next(_namespaces)}"
         self.limiters = {
             "memory": Limiter(MemoryBackend(), **options),
-            "redis": Limiter(self.redis, namespace=f"model{next(_namespaces)}", **options),
+            "sqlite": Limiter(self.sqlite, namespace=namespace, **options),
+            "redis": Limiter(self.redis, namespace=namespace, **options),
         }
 
     # -- the clock -----------------------------------------------------------------
@@ -224,11 +237,12 @@ class Agreement(RuleBasedStateMachine):
         self.last_wait = expected.next_slot_in
 
 
-def test_model_memory_and_redis_agree(redis_url: str) -> None:
-    backend = RedisBackend(redis_url)
+def test_model_and_every_backend_agree(redis_url: str, tmp_path: Path) -> None:
+    redis = RedisBackend(redis_url)
+    sqlite = SQLiteBackend(tmp_path / "model.db")
     try:
         run_state_machine_as_test(
-            lambda: Agreement(backend),
+            lambda: Agreement(redis, sqlite),
             settings=settings(
                 max_examples=150,
                 stateful_step_count=50,
@@ -237,7 +251,8 @@ def test_model_memory_and_redis_agree(redis_url: str) -> None:
             ),
         )
     finally:
-        backend.close()
+        redis.close()
+        sqlite.close()
 
 
 def test_model_follows_the_design_on_a_worked_example() -> None:
