@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import math
 import multiprocessing
 import threading
 import time
@@ -40,21 +41,34 @@ from throttle_client.testing import (
     RedisServer,
 )
 
+HARD_CAP = 15.0  # an unbounded wait or call fails the test instead of hanging it
 
-def wait_for_store(limiter: Limiter, key: str, deadline: float) -> float:
-    """Seconds until a try_acquire is answered by the store again."""
+
+def seconds_until_the_store_answers(limiter: Limiter, key: str) -> float:
+    """Seconds until a read (usage) is answered by the store again, or inf after HARD_CAP.
+    It judges nothing: the caller's assertion on the time it returns is the test."""
     start = time.monotonic()
-    while time.monotonic() - start < deadline:
+    while True:
         try:
             limiter.usage(key)
             return time.monotonic() - start
         except BackendUnavailable:
+            if time.monotonic() - start > HARD_CAP:
+                return math.inf
             time.sleep(0.05)
-    raise AssertionError(f"the store did not answer within {deadline}s")
 
 
-def test_raise_policy_then_recovery_without_restart(own_redis: RedisServer) -> None:
-    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"])
+@pytest.fixture
+def own_backend(own_redis: RedisServer) -> Iterator[RedisBackend]:
+    """A backend on the test's own server, closed after it (no socket left to the GC)."""
+    with RedisBackend(own_redis.url) as backend:
+        yield backend
+
+
+def test_raise_policy_then_recovery_without_restart(
+    own_redis: RedisServer, own_backend: RedisBackend
+) -> None:
+    limiter = Limiter(own_backend, rates=["100/second"])
     assert limiter.try_acquire("token").allowed
     own_redis.kill()
     with pytest.raises(BackendUnavailable) as info:
@@ -64,7 +78,9 @@ def test_raise_policy_then_recovery_without_restart(own_redis: RedisServer) -> N
     with pytest.raises(BackendUnavailable):
         limiter.try_acquire("token")
     own_redis.start()  # same port, empty dataset
-    assert wait_for_store(limiter, "token", deadline=2.0) <= 2.0
+    # README, "When Redis fails": calls succeed again within 2 s of a restart.
+    waited = seconds_until_the_store_answers(limiter, "token")
+    assert waited <= 2.0, waited
     assert limiter.try_acquire("token").allowed
     assert limiter.usage("token").rates[0].used == 1
 
@@ -165,9 +181,11 @@ def test_kill_9_under_load_then_every_worker_recovers(own_redis: RedisServer) ->
         assert first_after - back < 2.0, first_after - back
 
 
-def test_sigstop_longer_than_the_timeout_is_bounded(own_redis: RedisServer) -> None:
+def test_sigstop_longer_than_the_timeout_is_bounded(
+    own_redis: RedisServer, own_backend: RedisBackend
+) -> None:
     """A hung store: no call outlives its timeout by more than the client timeout."""
-    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"])  # 1 s socket timeout
+    limiter = Limiter(own_backend, rates=["100/second"])  # 1 s socket timeout
     assert limiter.try_acquire("token").allowed
     own_redis.pause()
     try:
@@ -178,7 +196,8 @@ def test_sigstop_longer_than_the_timeout_is_bounded(own_redis: RedisServer) -> N
         assert elapsed < 0.5 + 1.0 + 0.3, elapsed
     finally:
         own_redis.resume()
-    assert wait_for_store(limiter, "token", deadline=3.0) < 3.0
+    waited = seconds_until_the_store_answers(limiter, "token")
+    assert waited < 3.0, waited
     assert limiter.acquire("token", timeout=1).allowed
 
 
@@ -280,7 +299,6 @@ def test_each_refusal_is_a_fresh_exception_chained_to_the_driver_error(
 # plus one socket timeout (1 s); calls succeed again within 2 s of a restart or SIGCONT.
 SOCKET_TIMEOUT = 1.0
 SLACK = 0.5  # a loaded 2-core machine
-HARD_CAP = 15.0  # an unbounded call fails the test instead of hanging it
 
 
 class UserClientLimiter:

@@ -246,13 +246,22 @@ def test_an_answer_from_another_clock_replaces_what_was_known() -> None:
 def test_a_sleep_that_ends_early_is_slept_out() -> None:
     """A timer that fires 2 ms early (uvloop rounds to milliseconds) must not let a call
     go before its slot: the rest is slept too."""
+    margin = 0.025
+    overran: list[float] = []
+
+    def early_timer(seconds: float) -> None:
+        asked = seconds - 0.002 if seconds > 0.01 else seconds
+        started = time.monotonic()
+        time.sleep(asked)
+        overran.append(time.monotonic() - started - asked)
+
     backend = MemoryBackend()  # the host's clock, as the store's
-    limiter = Limiter(
-        backend,
-        rates=["1/0.05 seconds"],
-        margin=0.025,
-        sleep=lambda seconds: time.sleep(seconds - 0.002 if seconds > 0.01 else seconds),
-    )
+    limiter = Limiter(backend, rates=["1/0.05 seconds"], margin=margin, sleep=early_timer)
     limiter.acquire("k")
     decision = limiter.acquire("k")
-    assert time.time() >= decision.slot and decision.late_wakeups == 0
+    assert time.time() >= decision.slot  # whatever the machine's load
+    # Slept out, the call went within its margin: it booked no second slot. Unless this
+    # machine woke a sleep half the margin late (a loaded run): then booking again is
+    # what the margin asks for, and only the line above can be held.
+    if max(overran) < margin / 2:
+        assert decision.late_wakeups == 0, overran

@@ -1,7 +1,7 @@
-"""The memory backend, the Redis backend and the naive model of DESIGN §2 must agree.
+"""Every backend (memory, SQLite, Redis) and the naive model of DESIGN §2 must agree.
 
 Random sequences of clock moves and operations on a few keys are run against all
-three; every answer is compared in whole microseconds. The clock is driven in
+of them; every answer is compared in whole microseconds. The clock is driven in
 integer microseconds, so float seconds never blur an edge of a window.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -25,12 +26,22 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from throttle_client import CostTooHigh, Limiter, MemoryBackend, Rate, RedisBackend, ThrottleTimeout
+from throttle_client import (
+    CostTooHigh,
+    Limiter,
+    MemoryBackend,
+    Rate,
+    RedisBackend,
+    SQLiteBackend,
+    ThrottleTimeout,
+)
+from throttle_client._backends.redis import redis_keys
 
 from .model import Model
 
 US = 1_000_000
-KEYS = st.sampled_from(["alpha", "beta", "gamma"])
+NAMES = ["alpha", "beta", "gamma"]
+KEYS = st.sampled_from(NAMES)
 PERIODS = st.one_of(
     st.sampled_from([1, 1000, 250_000, 1_000_000, 1_500_000]), st.integers(1, 2_000_000)
 )
@@ -62,9 +73,13 @@ def no_sleep(seconds: float) -> None:
 
 
 class Agreement(RuleBasedStateMachine):
-    def __init__(self, redis: RedisBackend) -> None:
+    def __init__(self, redis_backend: RedisBackend, sqlite_file: Path, admin: redis.Redis) -> None:
         super().__init__()
-        self.redis = redis
+        self.redis = redis_backend
+        self.sqlite_file = sqlite_file
+        self.persist = admin.register_script(
+            "for _, key in ipairs(KEYS) do redis.call('PERSIST', key) end"
+        )
         self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
 
     @initialize(rates=RATES, gap=GAPS, margin=MARGINS)
@@ -83,10 +98,32 @@ class Agreement(RuleBasedStateMachine):
             "clock": self.clock,
             "sleep": no_sleep,
         }
+        # The shared stores get a fresh namespace per example, so no example sees the
+        # keys of another (a file or a server per example would cost far more time).
+        # SQLite gets a backend (a connection) per example on the one file, as memory
+        # gets a store per example: a store sweeps expired keys every 1024 writes, and
+        # the sweep that follows a reset reads the host's clock, not the injected one,
+        # so it forgets keys the injected time still needs (a library issue: Reset
+        # carries no time). No example writes 1024 times, so none sweeps.
+        namespace = f"model{next(_namespaces)}"
+        self.sqlite = SQLiteBackend(self.sqlite_file)
         self.limiters = {
             "memory": Limiter(MemoryBackend(), **options),
-            "redis": Limiter(self.redis, namespace=f"model{next(_namespaces)}", **options),
+            "sqlite": Limiter(self.sqlite, namespace=namespace, **options),
+            "redis": Limiter(self.redis, namespace=namespace, **options),
         }
+
+    def teardown(self) -> None:
+        if hasattr(self, "sqlite"):
+            self.sqlite.close()
+
+    def lift_ttls(self, key: str) -> None:
+        """Redis expires keys by its own clock, in real time, while the injected clock
+        moves only as the machine moves it: a loaded machine that took a second or two
+        over a few steps let Redis drop a key that the injected time still needed (a
+        pause lost). Only the algorithm is compared here (the TTLs have tests of their
+        own, in test_redis_backend.py), so every write to Redis is followed by this."""
+        self.persist(keys=redis_keys(self.limiters["redis"].store_key(key)))
 
     # -- the clock -----------------------------------------------------------------
 
@@ -154,6 +191,7 @@ class Agreement(RuleBasedStateMachine):
                 expected.paused_until,
             )
             assert got == want, name
+        self.lift_ttls(key)
         self.last_wait = expected.retry_after
 
     @rule(
@@ -185,6 +223,7 @@ class Agreement(RuleBasedStateMachine):
                 with pytest.raises(ThrottleTimeout) as refused:
                     limiter.acquire(key, cost, seconds)
                 assert to_us(refused.value.retry_after) == expected.retry_after, name
+        self.lift_ttls(key)
         self.last_wait = expected.slot - self.clock.us
 
     @rule(key=KEYS, duration=st.one_of(st.sampled_from([0, 1]), st.integers(0, 2_000_000)))
@@ -192,6 +231,7 @@ class Agreement(RuleBasedStateMachine):
         expected = self.model.pause(key, self.clock.us, duration)
         for name, limiter in self.limiters.items():
             assert to_us(limiter.pause(key, duration / US)) == expected, name
+        self.lift_ttls(key)
 
     @rule(key=KEYS)
     def reset(self, key: str) -> None:
@@ -224,11 +264,12 @@ class Agreement(RuleBasedStateMachine):
         self.last_wait = expected.next_slot_in
 
 
-def test_model_memory_and_redis_agree(redis_url: str) -> None:
-    backend = RedisBackend(redis_url)
+def test_model_and_every_backend_agree(redis_url: str, tmp_path: Path) -> None:
+    redis_backend = RedisBackend(redis_url)
+    admin = redis.Redis.from_url(redis_url)
     try:
         run_state_machine_as_test(
-            lambda: Agreement(backend),
+            lambda: Agreement(redis_backend, tmp_path / "model.db", admin),
             settings=settings(
                 max_examples=150,
                 stateful_step_count=50,
@@ -237,7 +278,8 @@ def test_model_memory_and_redis_agree(redis_url: str) -> None:
             ),
         )
     finally:
-        backend.close()
+        redis_backend.close()
+        admin.close()
 
 
 def test_model_follows_the_design_on_a_worked_example() -> None:

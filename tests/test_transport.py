@@ -1,14 +1,20 @@
 """ThrottledTransport / AsyncThrottledTransport over httpx.MockTransport.
 
 Each behaviour is written once and run sync and async: ``World`` builds the limiter,
-client and calls for either, with a FakeClock so no test really waits.
+client and calls for either, with a FakeClock so no test really waits. Only the options
+a client hands to the transport it builds are judged by a real local server (at the end).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import itertools
 import logging
+import ssl
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -31,6 +37,8 @@ from throttle_client import (
     request_key,
 )
 from throttle_client.testing import FakeClock
+
+from .tls import make_certs
 
 TOKEN = "s3cr3t-t0ken-value"
 URL = "https://api.example.com/items"
@@ -404,7 +412,9 @@ def test_quota_spent_headers_pause_without_retrying(world):
     assert world.get(client).status_code == 200
     assert len(upstream.sent) == 1
     world.get(client)
-    assert upstream.times[1] == pytest.approx(reset - upstream.clock.start, abs=0.01)
+    # The reset is read against the limiter's clock (here the fake one, at a fixed epoch
+    # years from the host's): the pause ends exactly at it (to the store's microsecond).
+    assert upstream.sent[1][0] == pytest.approx(reset, abs=1e-6)
     world.close(client)
 
 
@@ -576,6 +586,103 @@ def test_clients_take_the_usual_httpx_arguments():
         assert client.get("/me").status_code == 204
     assert str(seen[0].url) == "https://api.example.com/me"
     assert limiter.usage(TOKEN).rates[0].used == 1
-    # Without a transport, the client's own transport options build the inner one.
-    with ThrottledClient(limiter, verify=False, http1=True, limits=httpx.Limits(max_connections=2)):
+
+
+# -- without a transport, the client's own options build the inner one --------------------------
+# httpx has no public way to read a transport's options back, so they are judged by what a
+# real local server sees, each against a client without the option.
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers 200 to anything and records (client port, request target): a new port is a
+    new connection, and a target with a scheme is a request sent to a forward proxy."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, so reusing a connection is visible
+    seen: list[tuple[int, str]]
+
+    def do_GET(self) -> None:
+        self.seen.append((self.client_address[1], self.path))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+class LocalServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that refuses the certificate hangs up: expected, not news
+
+
+@contextlib.contextmanager
+def local_server(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, list[tuple[int, str]]]]:
+    seen: list[tuple[int, str]] = []
+    handler = type("Handler", (Recorder,), {"seen": seen})
+    server = LocalServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_port}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def get_all(mode: str, urls: list[str], **options: Any) -> tuple[list[int], int]:
+    """GETs ``urls`` in turn through a ThrottledClient (or its async twin) made with
+    ``options`` and no transport; the statuses, and the calls the limiter admitted."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    if mode == "sync":
+        limiter = Limiter(MemoryBackend(), rates="100/second")
+        with ThrottledClient(limiter, **options) as client:
+            statuses = [client.get(url, headers=headers).status_code for url in urls]
+        return statuses, limiter.usage(TOKEN).rates[0].used
+
+    async def run() -> tuple[list[int], int]:
+        limiter = AsyncLimiter(MemoryBackend(), rates="100/second")
+        async with AsyncThrottledClient(limiter, **options) as client:
+            statuses = [(await client.get(url, headers=headers)).status_code for url in urls]
+        return statuses, (await limiter.usage(TOKEN)).rates[0].used
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(params=["sync", "async"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_a_client_without_a_transport_takes_verify(mode, tmp_path):
+    certs = make_certs(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(certs["server"], certs["server-key"])
+    with local_server(tls) as (url, seen):
+        with pytest.raises(httpx.ConnectError):  # signed by a CA nobody trusts
+            get_all(mode, [url])
+        assert get_all(mode, [url], verify=False) == ([200], 1)
+        trusting = ssl.create_default_context(cafile=certs["ca"])
+        assert get_all(mode, [url], verify=trusting) == ([200], 1)
+    assert len(seen) == 2
+
+
+def test_a_client_without_a_transport_takes_limits(mode):
+    with local_server() as (url, seen):
+        assert get_all(mode, [url, url]) == ([200, 200], 2)
+        assert len({port for port, _ in seen}) == 1  # one kept-alive connection
+        seen.clear()
+        no_keepalive = httpx.Limits(max_keepalive_connections=0)
+        assert get_all(mode, [url, url], limits=no_keepalive) == ([200, 200], 2)
+        assert len({port for port, _ in seen}) == 2  # a connection per request
+
+
+def test_a_client_proxy_carries_the_throttled_requests(mode):
+    """Left to httpx.Client, ``proxy`` would mount a transport of its own that bypasses
+    the limiter: the requests must reach the proxy and be counted by the limiter."""
+    target = "http://api.example.invalid/items"
+    with local_server() as (proxy, seen):
+        assert get_all(mode, [target], proxy=proxy) == ([200], 1)
+    assert [path for _, path in seen] == [target]  # the proxy's absolute form
