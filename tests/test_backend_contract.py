@@ -179,3 +179,22 @@ def test_a_flow_returns_its_value_through_the_driver() -> None:
         return first + second
 
     assert run(flow(), lambda step: step * 10) == 30
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_reset_sweeps_on_the_injected_clock_not_the_hosts(
+    store: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store sweeps expired keys inside any write, a reset's too: at the limiter's
+    time. On the host's time (years past a FakeClock's) it forgot keys still in use."""
+    from throttle_client import SQLiteBackend
+    from throttle_client._backends import memory, sqlite
+    from throttle_client.testing import FakeClock
+
+    monkeypatch.setattr(memory if store == "memory" else sqlite, "_SWEEP_EVERY", 1)
+    backend = MemoryBackend() if store == "memory" else SQLiteBackend(tmp_path / "l.db")
+    with backend:
+        limiter = Limiter(backend, rates=["1/hour"], margin=0, clock=FakeClock())
+        assert limiter.try_acquire("k")
+        limiter.reset("other")
+        assert not limiter.try_acquire("k")  # still within its hour

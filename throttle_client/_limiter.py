@@ -355,7 +355,7 @@ class _LimiterCore:
         return _seconds(until), now
 
     def _reset_flow(self, key: str, now: float) -> Flow[None]:
-        yield from self._execute_flow(self._reset_op(key), now)
+        yield from self._execute_flow(self._reset_op(key, now), now)
 
     def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
         """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
@@ -431,8 +431,9 @@ class _LimiterCore:
             now_us=self._at(now),
         )
 
-    def _reset_op(self, key: str) -> Reset:
-        return Reset(key=self.store_key(key))
+    def _reset_op(self, key: str, now: float) -> Reset:
+        # The time matters to a reset too: the store may sweep expired keys in its step.
+        return Reset(key=self.store_key(key), now_us=self._at(now))
 
     def __repr__(self) -> str:
         rates = ", ".join(map(repr, self.rates))
