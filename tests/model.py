@@ -1,4 +1,4 @@
-"""A naive reference model of DESIGN §2, for the property tests.
+"""A naive reference model of docs/design.md §1, for the property tests.
 
 Deliberately the slowest obvious reading of the spec: every admitted call is kept
 forever in a plain list of (time, cost), every window sum is a brute-force sum, and

@@ -1,4 +1,4 @@
-"""Contention (issue 2, DESIGN §7): 8 processes on one key, in real time.
+"""Contention (issue 2, docs/design.md §7): 8 processes on one key, in real time.
 
 Half the processes are sync (one loop each), half asyncio (several loops each);
 they mix acquire() with long and short timeouts and try_acquire(), start together

@@ -1,4 +1,4 @@
-"""DESIGN §5 with real redis-server processes: kill -9, SIGSTOP, SCRIPT FLUSH, failover.
+"""docs/design.md §4 with real redis-server processes: kill -9, SIGSTOP, SCRIPT FLUSH, failover.
 
 Every server here belongs to the test that started it, so it can be killed freely.
 """

@@ -1,4 +1,4 @@
-"""The Redis store itself (DESIGN §3), against real redis-server processes.
+"""The Redis store itself (docs/design.md §2), against real redis-server processes.
 
 What the conformance suite cannot see from the outside: what lands in Redis
 (hashed keys only, unique members, a TTL on everything, bounded size), what

@@ -14,7 +14,6 @@ import itertools
 import logging
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
