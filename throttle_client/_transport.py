@@ -289,7 +289,9 @@ def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     entirely: left to the client it would mount a transport that bypasses the limiter."""
     options = {name: kwargs[name] for name in _TRANSPORT_OPTIONS if name in kwargs}
     if "proxy" in kwargs:
-        options["proxy"] = kwargs.pop("proxy")
+        proxy = kwargs.pop("proxy")
+        # A transport takes only a Proxy before httpx 0.26; a client took a URL too.
+        options["proxy"] = httpx.Proxy(proxy) if isinstance(proxy, (str, httpx.URL)) else proxy
     return options
 
 
