@@ -133,3 +133,43 @@ class Model:
             next_slot_in=self._earliest(log, now, 1) - now,
             paused_for=max(0, log.pause_until - now),
         )
+
+
+@dataclass
+class StackedModel:
+    """Several keys, each under its own rates and gap (one Model each), and calls charged
+    to several of them at once: one slot, the first moment every key's quota allows,
+    found by trying every candidate moment of every key (no use of the library's claim
+    that the latest of the keys' earliest slots is that moment)."""
+
+    models: dict[str, Model]
+
+    def acquire_all(
+        self, charges: list[tuple[str, int]], now: int, max_wait: int | None
+    ) -> tuple[bool, int]:
+        """(admitted, slot) for ``charges`` as (key, cost) pairs."""
+        logs = [(self.models[key], self.models[key]._log(key), cost) for key, cost in charges]
+        floor = now
+        for model, log, _ in logs:
+            floor = max(floor, log.pause_until)
+            if log.entries:
+                floor = max(floor, log.entries[-1][0] + model.min_interval)
+        candidates = sorted(
+            {floor}
+            | {
+                t + period
+                for model, log, _ in logs
+                for t, _ in log.entries
+                for _, period in model.rates
+            }
+        )
+        slot = next(
+            s
+            for s in candidates
+            if s >= floor and all(model._fits(log, s, cost) for model, log, cost in logs)
+        )
+        if max_wait is not None and slot - now > max_wait:
+            return False, slot
+        for _, log, cost in logs:
+            log.entries.append((slot, cost))
+        return True, slot

@@ -111,6 +111,44 @@ class Acquire(Op[Verdict]):
 
 
 @dataclass(frozen=True)
+class Charge:
+    """One key of a stacked acquire: its store key, its quota, and the cost charged to it."""
+
+    key: str
+    quota: Quota
+    cost: int
+
+
+@dataclass(frozen=True)
+class AcquireAll(Op[Verdict]):
+    """:class:`Acquire` for several keys at once, all or nothing (issue 10, in progress).
+
+    One slot for every key: the earliest that each key's quota, gap and pause allow
+    (past a key's newest slot, when a cost fits only grows later, so it is the latest of
+    each key's earliest slot). Booked in every key's log in one atomic step, or, when it
+    is more than ``max_wait_us`` away, written nowhere. ``call_id`` is booked in every
+    log; a call whose id is in the first key's log gets its slot back. The answer's
+    ``remaining`` lists each key's rates in turn; ``pause_until`` is the latest pause.
+    """
+
+    charges: tuple[Charge, ...]
+    max_wait_us: int
+    call_id: str
+    now_us: int | None = None
+    lead_us: int = 0
+
+    def __post_init__(self) -> None:
+        keys = [charge.key for charge in self.charges]
+        if not keys or len(set(keys)) != len(keys):
+            raise ValueError(f"a stacked acquire needs distinct keys, not {keys!r}")
+
+    @property
+    def key(self) -> str:  # type: ignore[override]
+        """The first key: where a retried call's id is looked for."""
+        return self.charges[0].key
+
+
+@dataclass(frozen=True)
 class Inspect(Op[Snapshot]):
     key: str
     quota: Quota

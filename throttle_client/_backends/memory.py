@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from . import sliding_log
-from .base import Backend, InlineAsync, Op, host_clock
+from .base import AcquireAll, Backend, InlineAsync, Op, host_clock
 
 T = TypeVar("T")
 
@@ -98,17 +98,26 @@ class MemoryBackend(Backend):
 
     def execute(self, op: Op[T]) -> T:
         with self._lock:
-            now, key = op.time_us(self._clock), op.key
-            log = self._logs.get(key)
-            if log is None or (log.expires_at and log.expires_at <= now):
-                log = self._logs[key] = _MemoryLog()
-            result = sliding_log.execute(log, op, now)
-            if not log.times and log.pause_until <= now and log.last is None:
-                del self._logs[key]
+            now = op.time_us(self._clock)
+            keys = [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
+            logs = [self._log(key, now) for key in keys]
+            if isinstance(op, AcquireAll):
+                result = cast(T, sliding_log.acquire_all(logs, op, now))
+            else:
+                result = sliding_log.execute(logs[0], op, now)
+            for key, log in zip(keys, logs, strict=True):
+                if not log.times and log.pause_until <= now and log.last is None:
+                    del self._logs[key]
             self._ops += 1
             if self._ops % _SWEEP_EVERY == 0:
                 self._sweep(now)
             return result
+
+    def _log(self, key: str, now: int) -> _MemoryLog:
+        log = self._logs.get(key)
+        if log is None or (log.expires_at and log.expires_at <= now):
+            log = self._logs[key] = _MemoryLog()
+        return log
 
     def _sweep(self, now: int) -> None:
         for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:

@@ -18,9 +18,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
-from .base import Acquire, Inspect, Op, Pause, Quota, Reset, Snapshot, Verdict
+from .base import (
+    Acquire,
+    AcquireAll,
+    Charge,
+    Inspect,
+    Op,
+    Pause,
+    Quota,
+    Reset,
+    Snapshot,
+    Verdict,
+)
 
 T = TypeVar("T")
 logger = logging.getLogger("throttle_client")
@@ -101,6 +113,38 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     log.trim(now - op.quota.longest_period_us)
     log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
     return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot))
+
+
+def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
+    """:class:`AcquireAll` over the logs of its charges, in order."""
+    charges = op.charges
+    pause_until = max(log.pause_until for log in logs)
+    booked = logs[0].slot_of(op.call_id)
+    if booked is not None:  # the same call again: it holds its slot in every log
+        return Verdict(True, now, booked, pause_until, _remaining_all(logs, charges, booked))
+    # Past a log's newest slot a window only loses entries as time goes on: the latest
+    # of the keys' earliest slots is the earliest that suits them all.
+    slot = max(
+        now + op.lead_us,
+        *(earliest_slot(log, c.quota, now, c.cost) for log, c in zip(logs, charges, strict=True)),
+    )
+    if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
+        return Verdict(False, now, slot, pause_until, _remaining_all(logs, charges, now))
+    for log, charge in zip(logs, charges, strict=True):
+        log.append(slot, charge.cost, op.call_id)
+        log.trim(now - charge.quota.longest_period_us)
+        log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
+    return Verdict(True, now, slot, pause_until, _remaining_all(logs, charges, slot))
+
+
+def _remaining_all(
+    logs: Sequence[LogView], charges: Sequence[Charge], point: int
+) -> tuple[int, ...]:
+    return tuple(
+        units
+        for log, charge in zip(logs, charges, strict=True)
+        for units in remaining_at(log, charge.quota, point)
+    )
 
 
 def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:

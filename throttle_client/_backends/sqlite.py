@@ -25,11 +25,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
 from . import sliding_log
-from .base import Acquire, Backend, Inspect, Op, Pause, Quota, ThreadedAsync, host_clock
+from .base import (
+    Acquire,
+    AcquireAll,
+    Backend,
+    Inspect,
+    Op,
+    Pause,
+    Quota,
+    ThreadedAsync,
+    host_clock,
+)
 
 T = TypeVar("T")
 
@@ -340,8 +350,8 @@ class SQLiteBackend(Backend):
                     result, repaired = self._run(conn, op, writable=True)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
-        if repaired:  # said once it is committed
-            self._repairs(op.key, repaired)
+        for key, part in repaired:  # said once it is committed
+            self._repairs(key, part)
         return result
 
     @contextmanager
@@ -369,20 +379,36 @@ class SQLiteBackend(Backend):
         finally:
             lock.release()
 
-    def _run(self, conn: _Connection, op: Op[T], *, writable: bool) -> tuple[T, str | None]:
-        """``op`` in one transaction, and the part of the key it repaired."""
+    def _run(
+        self, conn: _Connection, op: Op[T], *, writable: bool
+    ) -> tuple[T, list[tuple[str, str]]]:
+        """``op`` in one transaction, and the parts of keys it repaired (key, part)."""
         db = conn.db
         with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
-            log = _SQLiteLog(db, op.key, now, writable=writable)
-            repaired = None
-            if log.lost and isinstance(op, (Acquire, Inspect, Pause)):  # reset forgets all
-                if not writable:
-                    raise _RepairNeeded
-                repaired = log.repair(op.quota, now)
-            result = sliding_log.execute(log, op, now)
+            parts: list[tuple[str, Quota | None]]
+            if isinstance(op, AcquireAll):  # a stacked acquire: every key's log at once
+                parts = [(c.key, c.quota) for c in op.charges]
+            else:
+                parts = [(op.key, op.quota if isinstance(op, (Acquire, Inspect, Pause)) else None)]
+            logs: list[_SQLiteLog] = []
+            repaired: list[tuple[str, str]] = []
+            for key, quota in parts:
+                log = _SQLiteLog(db, key, now, writable=writable)
+                if log.lost and quota is not None:  # a reset forgets all
+                    if not writable:
+                        raise _RepairNeeded
+                    part = log.repair(quota, now)
+                    if part:
+                        repaired.append((key, part))
+                logs.append(log)
+            if isinstance(op, AcquireAll):
+                result = cast(T, sliding_log.acquire_all(logs, op, now))
+            else:
+                result = sliding_log.execute(logs[0], op, now)
             if writable:
-                log.save()
+                for log in logs:
+                    log.save()
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)

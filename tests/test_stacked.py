@@ -1,0 +1,162 @@
+"""Stacked limits (issue 10 §2, in progress): one call charged to several keys, each
+under its own quota, all or nothing. The store's AcquireAll against the naive model:
+same verdict and slot on random sequences that mix single-key calls, stacked calls and
+pauses; a refusal writes nothing in any key's log."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from throttle_client import Backend, MemoryBackend, SQLiteBackend
+from throttle_client._backends.base import (
+    Acquire,
+    AcquireAll,
+    Charge,
+    Inspect,
+    Pause,
+    Quota,
+)
+
+from .model import Model, StackedModel
+
+KEYS = ("token-a", "token-b", "account")
+MS = 1000
+_ids = itertools.count()
+
+
+def call_id() -> str:
+    return f"c{next(_ids)}"
+
+
+quotas = st.builds(
+    lambda rates, gap: Quota(limits=tuple(rates), min_interval_us=gap),
+    st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([100 * MS, 250 * MS, 1000 * MS])),
+        min_size=1,
+        max_size=2,
+    ),
+    st.sampled_from([0, 0, 30 * MS, 100 * MS]),
+)
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("advance"), st.sampled_from([1, 29 * MS, 50 * MS, 99 * MS, 100 * MS, 250 * MS])
+        ),
+        st.tuples(st.just("one"), st.sampled_from(KEYS), st.sampled_from([0, 200 * MS, None])),
+        st.tuples(
+            st.just("all"),
+            st.lists(st.sampled_from(KEYS), min_size=2, max_size=3, unique=True),
+            st.sampled_from([0, 200 * MS, None]),
+        ),
+        st.tuples(st.just("pause"), st.sampled_from(KEYS), st.sampled_from([50 * MS, 300 * MS])),
+    ),
+    max_size=40,
+)
+
+
+def seen(store: Backend, key: str, quota: Quota, now: int) -> Any:
+    """What a key's log says at ``now`` (a pause that has ended says nothing)."""
+    snap = store.execute(Inspect(key, quota, now_us=now))
+    pause = snap.pause_until_us if snap.pause_until_us > now else None
+    return (snap.next_slot_us, snap.booked, snap.used, snap.ready_at_us, pause)
+
+
+def wait_us(max_wait: int | None) -> int:
+    return -1 if max_wait is None else max_wait
+
+
+@contextlib.contextmanager
+def a_store(kind: str) -> Iterator[Backend]:
+    if kind == "memory":
+        yield MemoryBackend()
+        return
+    with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as store:
+        yield store
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@settings(max_examples=150, deadline=None)
+@given(quota_list=st.lists(quotas, min_size=3, max_size=3), script=steps)
+def test_a_stacked_acquire_agrees_with_the_naive_model(
+    kind: str, quota_list: list[Quota], script: Any
+) -> None:
+    with a_store(kind) as store:
+        run_against_the_model(store, quota_list, script)
+
+
+def run_against_the_model(store: Backend, quota_list: list[Quota], script: Any) -> None:
+    quota = dict(zip(KEYS, quota_list, strict=True))
+    model = StackedModel(
+        {k: Model(rates=list(q.limits), min_interval=q.min_interval_us) for k, q in quota.items()}
+    )
+    now = 1_000_000 * MS
+    for step in script:
+        if step[0] == "advance":
+            now += step[1]
+        elif step[0] == "one":
+            key, max_wait = step[1], step[2]
+            verdict = store.execute(
+                Acquire(key, quota[key], 1, wait_us(max_wait), call_id(), now_us=now)
+            )
+            expected = model.models[key].acquire(key, now, 1, max_wait)
+            assert (verdict.allowed, verdict.slot_us) == (expected.allowed, expected.slot)
+        elif step[0] == "all":
+            keys, max_wait = step[1], step[2]
+            before = {k: seen(store, k, quota[k], now) for k in KEYS}
+            charges = tuple(Charge(k, quota[k], 1) for k in keys)
+            verdict = store.execute(AcquireAll(charges, wait_us(max_wait), call_id(), now_us=now))
+            allowed, slot = model.acquire_all([(k, 1) for k in keys], now, max_wait)
+            assert (verdict.allowed, verdict.slot_us) == (allowed, slot)
+            if not allowed:  # a refusal leaves no trace in any log
+                after = {k: seen(store, k, quota[k], now) for k in KEYS}
+                assert after == before
+        else:
+            key, duration = step[1], step[2]
+            store.execute(Pause(key, quota[key], duration, now_us=now))
+            model.models[key].pause(key, now, duration)
+
+
+def test_a_stacked_call_takes_the_slot_that_suits_every_key() -> None:
+    """Token: 2 per second; account: 3 per second, shared with another token."""
+    store = MemoryBackend()
+    token = Quota(limits=((2, 1000 * MS),), min_interval_us=0)
+    account = Quota(limits=((3, 1000 * MS),), min_interval_us=0)
+    now = 10_000 * MS
+
+    def both(token_key: str, max_wait: int = -1) -> Any:
+        charges = (Charge(token_key, token, 1), Charge("account", account, 1))
+        return store.execute(AcquireAll(charges, max_wait, call_id(), now_us=now))
+
+    assert [both("a").slot_us, both("a").slot_us] == [now, now]  # the token is full
+    assert both("b").slot_us == now  # the account's third unit
+    refused = both("b", max_wait=0)  # the account is full until a second later
+    assert not refused.allowed and refused.slot_us == now + 1000 * MS
+    assert store.execute(Inspect("b", token, now_us=now)).used == (1,)  # refusal: no trace
+    assert both("b").slot_us == now + 1000 * MS
+    assert both("a").remaining == (1, 1)  # at the new slot: token a 1 of 2, account 2 of 3
+
+
+def test_a_retried_stacked_call_gets_its_slot_back() -> None:
+    store = MemoryBackend()
+    quota = Quota(limits=((1, 1000 * MS),), min_interval_us=0)
+    op = AcquireAll((Charge("x", quota, 1), Charge("y", quota, 1)), -1, "same", now_us=0)
+    first = store.execute(op)
+    again = store.execute(op)
+    assert first.slot_us == again.slot_us == 0
+    assert store.execute(Inspect("x", quota, now_us=0)).used == (1,)  # booked once
+
+
+def test_the_same_key_twice_is_refused() -> None:
+    quota = Quota(limits=((1, 1000 * MS),), min_interval_us=0)
+    with pytest.raises(ValueError, match="distinct keys"):
+        AcquireAll((Charge("x", quota, 1), Charge("x", quota, 1)), -1, "id")
