@@ -1,5 +1,6 @@
 """Stacked limits (issue 10 §2, in progress): one call charged to several keys, each
-under its own quota, all or nothing. The store's AcquireAll against the naive model:
+under its own quota, all or nothing. Every store's AcquireAll (memory, SQLite, Redis,
+Cluster) against the naive model:
 same verdict and slot on random sequences that mix single-key calls, stacked calls and
 pauses; a refusal writes nothing in any key's log."""
 
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from throttle_client import Backend, MemoryBackend, SQLiteBackend
+from throttle_client import Backend, MemoryBackend, RedisBackend, SQLiteBackend
 from throttle_client._backends.base import (
     Acquire,
     AcquireAll,
@@ -25,6 +26,7 @@ from throttle_client._backends.base import (
     Pause,
     Quota,
 )
+from throttle_client._backends.redis import redis_keys
 
 from .model import Model, StackedModel
 
@@ -75,26 +77,57 @@ def wait_us(max_wait: int | None) -> int:
     return -1 if max_wait is None else max_wait
 
 
+_examples = itertools.count()
+
+
 @contextlib.contextmanager
-def a_store(kind: str) -> Iterator[Backend]:
+def a_store(kind: str, request: pytest.FixtureRequest) -> Iterator[tuple[Backend, dict[str, str]]]:
+    """A store, and the store keys this example uses for KEYS: fresh ones, sharing one
+    hash tag so that a Cluster holds them in one slot."""
+    n = next(_examples)
+    names = {key: f"ex{n}:{{t{n}}}{key}" for key in KEYS}
     if kind == "memory":
-        yield MemoryBackend()
-        return
-    with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as store:
-        yield store
+        yield MemoryBackend(), names
+    elif kind == "sqlite":
+        with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as db:
+            yield db, names
+    else:
+        server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+        with RedisBackend(server.url, cluster=kind == "cluster") as backend:
+            yield _Lasting(backend, names), names
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-@settings(max_examples=150, deadline=None)
+class _Lasting(Backend):
+    """A Redis store whose keys do not expire while an example runs: Redis counts their
+    TTLs in real time, the example's clock jumps by seconds in a few milliseconds."""
+
+    def __init__(self, backend: RedisBackend, names: dict[str, str]) -> None:
+        self.backend, self.names = backend, names
+
+    def execute(self, op: Any) -> Any:
+        answer = self.backend.execute(op)
+        client = self.backend.client
+        for name in self.names.values():
+            for stored in redis_keys(name):
+                client.persist(stored)  # type: ignore[union-attr]
+        return answer
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "cluster"])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(quota_list=st.lists(quotas, min_size=3, max_size=3), script=steps)
 def test_a_stacked_acquire_agrees_with_the_naive_model(
-    kind: str, quota_list: list[Quota], script: Any
+    request: pytest.FixtureRequest, kind: str, quota_list: list[Quota], script: Any
 ) -> None:
-    with a_store(kind) as store:
-        run_against_the_model(store, quota_list, script)
+    with a_store(kind, request) as (store, names):
+        run_against_the_model(store, names, quota_list, script)
 
 
-def run_against_the_model(store: Backend, quota_list: list[Quota], script: Any) -> None:
+def run_against_the_model(
+    store: Backend, names: dict[str, str], quota_list: list[Quota], script: Any
+) -> None:
     quota = dict(zip(KEYS, quota_list, strict=True))
     model = StackedModel(
         {k: Model(rates=list(q.limits), min_interval=q.min_interval_us) for k, q in quota.items()}
@@ -106,23 +139,23 @@ def run_against_the_model(store: Backend, quota_list: list[Quota], script: Any) 
         elif step[0] == "one":
             key, max_wait = step[1], step[2]
             verdict = store.execute(
-                Acquire(key, quota[key], 1, wait_us(max_wait), call_id(), now_us=now)
+                Acquire(names[key], quota[key], 1, wait_us(max_wait), call_id(), now_us=now)
             )
             expected = model.models[key].acquire(key, now, 1, max_wait)
             assert (verdict.allowed, verdict.slot_us) == (expected.allowed, expected.slot)
         elif step[0] == "all":
             keys, max_wait = step[1], step[2]
-            before = {k: seen(store, k, quota[k], now) for k in KEYS}
-            charges = tuple(Charge(k, quota[k], 1) for k in keys)
+            before = {k: seen(store, names[k], quota[k], now) for k in KEYS}
+            charges = tuple(Charge(names[k], quota[k], 1) for k in keys)
             verdict = store.execute(AcquireAll(charges, wait_us(max_wait), call_id(), now_us=now))
             allowed, slot = model.acquire_all([(k, 1) for k in keys], now, max_wait)
             assert (verdict.allowed, verdict.slot_us) == (allowed, slot)
             if not allowed:  # a refusal leaves no trace in any log
-                after = {k: seen(store, k, quota[k], now) for k in KEYS}
+                after = {k: seen(store, names[k], quota[k], now) for k in KEYS}
                 assert after == before
         else:
             key, duration = step[1], step[2]
-            store.execute(Pause(key, quota[key], duration, now_us=now))
+            store.execute(Pause(names[key], quota[key], duration, now_us=now))
             model.models[key].pause(key, now, duration)
 
 

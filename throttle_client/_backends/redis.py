@@ -26,7 +26,6 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
 
-from .._errors import BackendError
 from .._flow import arun, run
 from .base import (
     Acquire,
@@ -92,10 +91,13 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
     if isinstance(op, Reset):
         return redis_keys(op.key), (b"reset",)
-    if isinstance(op, AcquireAll):  # issue 10, in progress: the script takes one key
-        raise BackendError("a stacked acquire is not supported by the Redis store yet")
-    assert isinstance(op, (Acquire, Inspect, Pause))
     now = b"-" if op.now_us is None else b"%d" % op.now_us
+    if isinstance(op, AcquireAll):
+        keys = tuple(name for charge in op.charges for name in redis_keys(charge.key))
+        per_key = tuple(arg for c in op.charges for arg in (quota_arg(c.quota), b"%d" % c.cost))
+        wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
+        return keys, (b"acquire_all", b"-", now, wait, op.call_id, lead, *per_key)
+    assert isinstance(op, (Acquire, Inspect, Pause))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
@@ -126,7 +128,7 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         if notice is not None:
             notice(op.key, part)
     values = [int(word) for word in words]
-    if isinstance(op, Acquire):
+    if isinstance(op, (Acquire, AcquireAll)):
         allowed, now, slot, pause, *remaining = values
         return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
     if isinstance(op, Inspect):
