@@ -148,11 +148,12 @@ def make_limiter(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
         # for arrivals has tests of its own (tests/test_margin.py).
         kwargs.setdefault("margin", 0)
         clock = kwargs.setdefault("clock", FakeClock())
+        store = kwargs.pop("backend", None) or backend()  # another limiter's, to share it
         if mode == "sync":
             kwargs.setdefault("sleep", clock.sleep)
-            return Limiter(backend(), **kwargs)
+            return Limiter(store, **kwargs)
         kwargs.setdefault("sleep", clock.asleep)
-        return SyncView(AsyncLimiter(backend(), **kwargs), loop)
+        return SyncView(AsyncLimiter(store, **kwargs), loop)
 
     factory.kind = kind  # type: ignore[attr-defined]
     factory.mode = mode  # type: ignore[attr-defined]

@@ -67,4 +67,5 @@ def test_readme_example_runs(index: int, redis_url: str) -> None:
         if isinstance(limiter, Limiter) and isinstance(limiter.backend, RedisBackend):
             limiter.backend.close()
     assert stats["rejected"] == 0
-    assert stats["admitted"] >= 1  # the example did reach the upstream
+    if "httpx" in BLOCKS[index]:  # an HTTP example (the others assert on their own)
+        assert stats["admitted"] >= 1  # the example did reach the upstream

@@ -17,7 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from throttle_client import Backend, MemoryBackend, RedisBackend, SQLiteBackend
+from throttle_client import (
+    Backend,
+    ConfigurationError,
+    MemoryBackend,
+    RedisBackend,
+    SQLiteBackend,
+    store_key,
+)
 from throttle_client._backends.base import (
     Acquire,
     AcquireAll,
@@ -27,6 +34,8 @@ from throttle_client._backends.base import (
     Quota,
 )
 from throttle_client._backends.redis import redis_keys
+from throttle_client._redis_server import free_port
+from throttle_client.testing import FakeClock
 
 from .model import Model, StackedModel
 
@@ -193,3 +202,95 @@ def test_the_same_key_twice_is_refused() -> None:
     quota = Quota(limits=((1, 1000 * MS),), min_interval_us=0)
     with pytest.raises(ValueError, match="distinct keys"):
         AcquireAll((Charge("x", quota, 1), Charge("x", quota, 1)), -1, "id")
+
+
+# -- the public API: also= -----------------------------------------------------------------
+
+ACCOUNT_OF = {"token-1": "acct-9", "token-2": "acct-9"}
+
+
+def token_and_account(make_limiter: Any) -> tuple[Any, Any, Any]:
+    """A token limiter (2/second) and an account limiter (3/second) on one store, their
+    keys tagged by the account so that a Cluster holds a call's keys in one slot; and
+    the account limiter as ``also=`` takes it (the AsyncLimiter behind a SyncView)."""
+    clock = FakeClock()
+    tokens = make_limiter(
+        rates=["2/second"], namespace="token", tag=ACCOUNT_OF.__getitem__, clock=clock
+    )
+    account = make_limiter(
+        rates=["3/second"],
+        namespace="account",
+        tag=lambda account_id: account_id,
+        clock=clock,
+        backend=tokens.backend,
+    )
+    return tokens, account, getattr(account, "limiter", account)
+
+
+def test_a_call_charged_to_a_token_and_its_account_is_held_to_both(make_limiter: Any) -> None:
+    tokens, account, partner = token_and_account(make_limiter)
+    both = [(partner, "acct-9")]
+    first = tokens.try_acquire("token-1", also=both)
+    assert first.allowed
+    assert [(r.limit, r.period) for r in first.rates] == [(2, 1.0), (3, 1.0)]
+    assert first.remaining == (1, 2)  # the token's rate, then the account's
+    assert tokens.try_acquire("token-1", also=both).allowed
+    refused = tokens.try_acquire("token-1", also=both)  # the token is full
+    assert not refused.allowed and refused.retry_after == pytest.approx(1.0)
+    assert account.usage("acct-9").rates[0].used == 2  # the refusal wrote nothing there
+    assert tokens.try_acquire("token-2", also=both).allowed  # the account's third unit
+    assert not tokens.try_acquire("token-2", also=both).allowed  # the account is full
+    assert tokens.usage("token-2").rates[0].used == 1  # nothing written for token-2 either
+    waited = tokens.acquire("token-2", also=both)  # the first slot both allow
+    assert waited.slot - first.slot == pytest.approx(1.0)
+
+
+def test_a_stacked_call_on_keys_a_cluster_cannot_hold_together_is_refused_first(
+    make_limiter: Any,
+) -> None:
+    tokens = make_limiter(rates=["2/second"], namespace="token")
+    account = make_limiter(rates=["3/second"], namespace="account", backend=tokens.backend)
+    partner = getattr(account, "limiter", account)
+    if make_limiter.kind != "cluster":  # one store, one step: untagged keys are fine
+        assert tokens.try_acquire("token-1", also=[(partner, "acct-9")]).allowed
+        return
+    with pytest.raises(ConfigurationError, match=r"share a hash slot.*same tag="):
+        tokens.try_acquire("token-1", also=[(partner, "acct-9")])
+    assert tokens.usage("token-1").rates[0].used == 0  # refused before anything was sent
+
+
+def test_a_stacked_call_needs_limiters_of_one_store_and_distinct_keys(make_limiter: Any) -> None:
+    tokens = make_limiter(rates=["2/second"], namespace="token")
+    elsewhere = make_limiter(rates=["3/second"], namespace="account")
+    partner = getattr(elsewhere, "limiter", elsewhere)
+    with pytest.raises(ConfigurationError, match="another store"):
+        tokens.try_acquire("t", also=[(partner, "a")])
+    same = getattr(tokens, "limiter", tokens)
+    with pytest.raises(ConfigurationError, match="one key twice"):
+        tokens.try_acquire("t", also=[(same, "t")])
+    with pytest.raises(TypeError, match="also= takes"):
+        tokens.try_acquire("t", also=[(object(), "a")])
+
+
+def test_a_tag_changes_where_a_key_is_kept_but_not_that_it_is_secret() -> None:
+    tagged = store_key("token-1", namespace="token", tag="acct-9")
+    account = store_key("acct-9", namespace="account", tag="acct-9")
+    assert tagged != store_key("token-1", namespace="token")  # a key keeps one tag, always
+    assert tagged.split("}")[0] == "token:" + account.split(":", 1)[1].split("}")[0]
+    assert "token-1" not in tagged and "acct-9" not in tagged + account
+    with pytest.raises(ConfigurationError, match="a tag must be a non-empty string, not a int"):
+        store_key("token-1", tag=42)  # type: ignore[arg-type]
+
+
+def test_when_the_store_is_down_on_unavailable_answers_a_stacked_call_too() -> None:
+    from throttle_client import Limiter, LocalFallback, RedisBackend
+
+    port = free_port()
+    for choice, admitted in (("allow", 5), (LocalFallback(expected_workers=2), 1)):
+        with RedisBackend(f"redis://127.0.0.1:{port}") as down:  # nothing listens there
+            options: dict[str, Any] = {"on_unavailable": choice, "retry_for": 0}
+            tokens = Limiter(down, rates=["2/second"], namespace="token", **options)
+            account = Limiter(down, rates=["3/second"], namespace="account", **options)
+            decisions = [tokens.try_acquire("t", also=[(account, "a")]) for _ in range(5)]
+            assert sum(d.allowed for d in decisions) == admitted  # a share of 1 for each key
+            assert decisions[0].remaining == ((2, 3) if choice == "allow" else (0, 0))

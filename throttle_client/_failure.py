@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import tenacity
 
-from ._backends.base import Acquire, Inspect, Op, Pause, Quota, Verdict
+from ._backends.base import Acquire, AcquireAll, Inspect, Op, Pause, Quota, Verdict
 from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
 
@@ -118,7 +118,7 @@ class FailureGuard:
         attempt would wait a socket timeout). Only tenacity's ``iter()`` is used: the
         limiter's flow makes the attempts and the sleeps."""
         budget = self.retry_for
-        if isinstance(op, Acquire) and op.max_wait_us > 0:
+        if isinstance(op, (Acquire, AcquireAll)) and op.max_wait_us > 0:
             budget = min(budget, op.max_wait_us / 1_000_000)
         budget -= spent
         if budget <= 0:
@@ -154,15 +154,21 @@ class FailureGuard:
         """What answers ``op`` instead of the store: raises BackendUnavailable where
         ``on_unavailable`` gives no answer (always for reset, and for a read under "allow")."""
         last = self.last_error
-        if self.fallback is not None and isinstance(op, (Acquire, Inspect, Pause)):
+        if self.fallback is not None and isinstance(op, (Acquire, AcquireAll, Inspect, Pause)):
             assert isinstance(self.on_unavailable, LocalFallback)
-            local = cast(Op[T], dataclasses.replace(op, quota=self.on_unavailable.share(op.quota)))
+            share = self.on_unavailable.share
+            if isinstance(op, AcquireAll):
+                charges = tuple(dataclasses.replace(c, quota=share(c.quota)) for c in op.charges)
+                local = cast(Op[T], dataclasses.replace(op, charges=charges))
+            else:
+                local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))
             fallback = self.fallback
             return lambda: fallback.execute(local)
-        if self.on_unavailable == "allow" and isinstance(op, (Acquire, Pause)):
+        if self.on_unavailable == "allow" and isinstance(op, (Acquire, AcquireAll, Pause)):
             now = op.time_us()
-            if isinstance(op, Acquire):
-                limits = tuple(limit for limit, _ in op.quota.limits)
+            if isinstance(op, (Acquire, AcquireAll)):
+                quotas = [c.quota for c in op.charges] if isinstance(op, AcquireAll) else [op.quota]
+                limits = tuple(limit for quota in quotas for limit, _ in quota.limits)
                 verdict = Verdict(True, now, now, 0, limits)
                 return lambda: verdict  # type: ignore[return-value]
             # The pause cannot be shared; the caller still gets its end, as if it held.
@@ -181,7 +187,7 @@ def shrink(op: Op[T], spent: float) -> Op[T]:
     """``op`` as it must be sent ``spent`` seconds late: an acquire waits that much
     less, so retries never stretch it past its timeout. The call id stays, so an
     attempt that did book its slot is found again, never booked twice."""
-    if isinstance(op, Acquire) and op.max_wait_us > 0:
+    if isinstance(op, (Acquire, AcquireAll)) and op.max_wait_us > 0:
         spent_us = int(spent * 1_000_000)
         if spent_us > 0:
             left = max(0, op.max_wait_us - spent_us)

@@ -49,22 +49,32 @@ def check_namespace(namespace: str) -> str:
 
 
 def store_key(
-    key: str, *, namespace: str = "default", key_secret: bytes | str | None = None
+    key: str,
+    *,
+    namespace: str = "default",
+    key_secret: bytes | str | None = None,
+    tag: str | None = None,
 ) -> str:
     """The name under which the stores keep ``key``'s log: ``<namespace>:{<22 characters
-    of HMAC-SHA256>}``. Not secret, so logs and ``throttle-client status`` show it; the
-    token it was made from cannot be read back out of it. ``Limiter.store_key`` gives
-    the same for a limiter's own namespace and secret.
+    of HMAC-SHA256>}``, or with a ``tag`` (what the keys of one stacked call share, e.g.
+    an account id) ``<namespace>:{<22 characters for the tag>}<22 for the key>``. Not
+    secret, so logs and ``throttle-client status`` show it; neither the token nor the
+    tag can be read back out of it. ``Limiter.store_key`` gives the same for a limiter's
+    own namespace, secret and tag.
 
     >>> store_key("ghp_token", namespace="github")
     'github:{...}'
     """
-    return hashed_key(resolve_secret(key_secret), check_namespace(namespace), key)
+    return hashed_key(resolve_secret(key_secret), check_namespace(namespace), key, tag)
 
 
-def hashed_key(secret: bytes, namespace: str, key: str) -> str:
+def hashed_key(secret: bytes, namespace: str, key: str, tag: str | None = None) -> str:
     """``store_key`` with a resolved secret and a checked namespace. The brace part is
-    the Cluster hash tag, so both Redis keys of one log live in one slot."""
+    the Cluster hash tag: both Redis keys of one log live in one slot, and so do the
+    logs of every key with the same ``tag``."""
+    if tag is not None:
+        digest = hashed_key(secret, namespace, key)[len(namespace) + 2 : -1]
+        return f"{namespace}:{{{_tag_digest(secret, _checked_tag(tag))}}}{digest}"
     if not isinstance(key, str):
         # Never echo a key's value: it is usually an access token.
         raise TypeError(f"a throttling key must be a str, not {type(key).__name__}")
@@ -95,3 +105,21 @@ def _not_utf8(what: str, position: int, length: int) -> str:
 def _derive(secret: bytes, namespace: str, key: str) -> str:
     digest = hmac.new(secret, f"{namespace}\x00{key}".encode(), hashlib.sha256).digest()
     return f"{namespace}:{{{base64.urlsafe_b64encode(digest[:16]).decode().rstrip('=')}}}"
+
+
+def _checked_tag(tag: object) -> str:
+    if not isinstance(tag, str) or not tag:
+        # A tag is often an account id: named by its type only, like a key.
+        raise ConfigurationError(f"a tag must be a non-empty string, not a {type(tag).__name__}")
+    try:
+        tag.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(_not_utf8("a tag", exc.start, len(tag))) from None
+    return tag
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag_digest(secret: bytes, tag: str) -> str:
+    # "\0tag\0" first: no namespace starts with NUL, so no tag's text is a key's text.
+    digest = hmac.new(secret, f"\x00tag\x00{tag}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")

@@ -29,14 +29,18 @@ import tenacity
 from ._backends import legacy
 from ._backends.base import (
     Acquire,
+    AcquireAll,
     AsyncBackend,
     Backend,
+    Charge,
+    InlineAsync,
     Inspect,
     Op,
     Pause,
     Quota,
     Reset,
     Snapshot,
+    ThreadedAsync,
     Verdict,
 )
 from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
@@ -49,6 +53,8 @@ from ._results import Decision, RateUsage, Usage
 from ._store_clock import DRIFT, StoreClock
 
 T = TypeVar("T")
+# The other limiters a stacked call is charged to, each with its key.
+Also = Sequence[tuple["_LimiterCore", str]]
 US = 1_000_000
 log = logging.getLogger("throttle_client")
 
@@ -83,6 +89,15 @@ def _call_id() -> str:
 class _LimiterCore:
     """Configuration and every decision that needs no I/O."""
 
+    _world = ""  # "sync" or "async": the limiters a stacked call may combine
+
+    def _backend(self) -> Backend | AsyncBackend:
+        raise NotImplementedError
+
+    def _together(self, store_keys: list[str]) -> None:
+        """Refuse, before anything is sent, keys the store cannot decide in one step."""
+        _store_of(self._backend()).check_together(store_keys)
+
     def __init__(
         self,
         *,
@@ -91,6 +106,7 @@ class _LimiterCore:
         margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
+        tag: Callable[[str], str] | None = None,
         clock: Callable[[], float] | None = None,
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
@@ -107,6 +123,9 @@ class _LimiterCore:
         self.margin = slack
         self.namespace = check_namespace(namespace)
         self._secret = resolve_secret(key_secret)
+        if tag is not None and not callable(tag):
+            raise TypeError(f"tag must be a function of a key, not {tag!r}")
+        self._tag = tag
         self._clock = clock
         # Local time: the injected clock (which the store then follows too), else a
         # monotonic one; StoreClock relates it to the store's clock.
@@ -135,7 +154,8 @@ class _LimiterCore:
 
     def store_key(self, key: str) -> str:
         """The name of ``key``'s log in the store (see :func:`throttle_client.store_key`)."""
-        return hashed_key(self._secret, self.namespace, key)
+        tag = None if self._tag is None else self._tag(key)
+        return hashed_key(self._secret, self.namespace, key, tag)
 
     def _cost(self, cost: int) -> int:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
@@ -159,19 +179,56 @@ class _LimiterCore:
         """An operation's time for local time ``now``: only with an injected clock."""
         return None if self._clock is None else round(now * US)
 
-    def _acquire_op(self, key: str, cost: int, max_wait_us: int, now: float) -> Acquire:
-        return Acquire(
-            key=self.store_key(key),
-            quota=self._quota,
-            cost=self._cost(cost),
-            max_wait_us=max_wait_us,
-            # A fresh id per call: equal slots never collapse, a driver retry never books twice.
-            call_id=_call_id(),
-            now_us=self._at(now),
-        )
+    def _acquire_op(
+        self, key: str, cost: int, max_wait_us: int, now: float, also: Also = ()
+    ) -> Acquire | AcquireAll:
+        if not also:
+            return Acquire(
+                key=self.store_key(key),
+                quota=self._quota,
+                cost=self._cost(cost),
+                max_wait_us=max_wait_us,
+                # A fresh id per call: equal slots never collapse, a retry never books twice.
+                call_id=_call_id(),
+                now_us=self._at(now),
+            )
+        charges = [Charge(self.store_key(key), self._quota, self._cost(cost))]
+        for other, other_key in also:
+            self._check_partner(other)
+            charges.append(Charge(other.store_key(other_key), other._quota, other._cost(cost)))
+        names = [charge.key for charge in charges]
+        if len(set(names)) < len(names):
+            raise ConfigurationError(
+                f"a call is charged to one key twice (store keys {names}): each limiter of "
+                "a stacked call needs its own key or namespace"
+            )
+        self._together(names)
+        return AcquireAll(tuple(charges), max_wait_us, _call_id(), now_us=self._at(now))
+
+    def _check_partner(self, other: object) -> None:
+        """Another limiter a call is also charged to: of this world, on this store."""
+        if not isinstance(other, _LimiterCore) or type(other)._world != type(self)._world:
+            raise TypeError(
+                f"also= takes ({type(self).__name__}, key) pairs, not a {type(other).__name__}"
+            )
+        if _store_of(other._backend()) is not _store_of(self._backend()):
+            raise ConfigurationError(
+                f"{other!r} keeps its logs in another store: the limiters of one call must "
+                "share one backend, so that one atomic step can book them all"
+            )
+
+    def _rates_with(self, also: Also) -> tuple[Rate, ...]:
+        """The rates a stacked call's Decision reports: this limiter's, then each other's."""
+        return self.rates + tuple(rate for other, _ in also for rate in other.rates)
 
     def _decision(
-        self, verdict: Verdict, cost: int, *, waited: float = 0.0, late_wakeups: int = 0
+        self,
+        verdict: Verdict,
+        cost: int,
+        *,
+        waited: float = 0.0,
+        late_wakeups: int = 0,
+        rates: tuple[Rate, ...] | None = None,
     ) -> Decision:
         return Decision(
             allowed=verdict.allowed,
@@ -182,7 +239,7 @@ class _LimiterCore:
             slot=_seconds(verdict.slot_us),
             cost=cost,
             remaining=verdict.remaining,
-            rates=self.rates,
+            rates=self.rates if rates is None else rates,
             paused_until=_seconds(verdict.pause_until_us)
             if verdict.pause_until_us > verdict.now_us
             else None,
@@ -198,6 +255,7 @@ class _LimiterCore:
         *,
         refusal: bool,
         recheck_pause: bool = False,
+        also: Also = (),
     ) -> Flow[Decision]:
         """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
@@ -210,15 +268,20 @@ class _LimiterCore:
         ``recheck_pause`` (the transports): a call that slept reads the key once more
         before it goes, so it does not walk into a pause another worker set while it
         slept (the upstream said 429); if one is in force it books a slot after it.
+
+        ``also``: (limiter, key) pairs the call is charged to as well, in the same atomic
+        step (a stacked call: the token and its account). The look for a pause reads
+        this limiter's key only.
         """
-        op = self._acquire_op(key, cost, max_wait_us, started)
+        op = self._acquire_op(key, cost, max_wait_us, started, also)
+        rates = self._rates_with(also) if also else None
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
             verdict, from_store, now = yield from self._execute_flow(op, sent)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if not verdict.allowed:
-                refused = self._decision(verdict, cost, late_wakeups=late_wakeups)
+                refused = self._decision(verdict, cost, late_wakeups=late_wakeups, rates=rates)
                 if refusal:
                     return refused
                 raise ThrottleTimeout(refused.retry_after, late_wakeups=late_wakeups)
@@ -258,7 +321,9 @@ class _LimiterCore:
             rebook_if_unsure = answered_late and not refusal
             late = self._late_by(clock, slot, now, rebook_if_unsure) if self.margin else 0.0
             if late <= self.margin:
-                return self._decision(verdict, cost, waited=slept, late_wakeups=late_wakeups)
+                return self._decision(
+                    verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
+                )
             late_wakeups += 1
             log.debug(
                 "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
@@ -267,7 +332,7 @@ class _LimiterCore:
             )
             if refusal:  # try_acquire asks once: its late slot is its answer, unused
                 late_verdict = dataclasses.replace(verdict, allowed=False)
-                return self._decision(late_verdict, cost, late_wakeups=late_wakeups)
+                return self._decision(late_verdict, cost, late_wakeups=late_wakeups, rates=rates)
             # An answer that came back too late would come back too late again for a slot
             # due now: the new slot lies twice that round trip ahead, and is slept to.
             lead = round(2 * (now - sent) * US) if answered_late else 0
@@ -281,10 +346,13 @@ class _LimiterCore:
         now: float,
         *,
         recheck_pause: bool = False,
+        also: Also = (),
     ) -> Flow[Decision]:
         """The flow of an acquire (raising ThrottleTimeout), from local time ``now``."""
         wait = self._max_wait_us(timeout)
-        return self._acquire_flow(key, cost, wait, now, refusal=False, recheck_pause=recheck_pause)
+        return self._acquire_flow(
+            key, cost, wait, now, refusal=False, recheck_pause=recheck_pause, also=also
+        )
 
     def _send_flow(
         self, key: str, cost: int, timeout: float | timedelta | None, now: float
@@ -364,8 +432,8 @@ class _LimiterCore:
         return clock
 
     def _rebook(
-        self, op: Acquire, max_wait_us: int, started: float, now: float, lead_us: int
-    ) -> Acquire:
+        self, op: Acquire | AcquireAll, max_wait_us: int, started: float, now: float, lead_us: int
+    ) -> Acquire | AcquireAll:
         """``op`` asked again at ``now`` as a new call, with what is left of its wait."""
         left = max(0, max_wait_us - round((now - started) * US))
         return dataclasses.replace(
@@ -474,6 +542,7 @@ class Limiter(_LimiterCore):
         margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
+        tag: Callable[[str], str] | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         on_unavailable: OnUnavailable = "raise",
@@ -489,12 +558,18 @@ class Limiter(_LimiterCore):
             margin=margin,
             namespace=namespace,
             key_secret=key_secret,
+            tag=tag,
             clock=clock,
             on_unavailable=on_unavailable,
             retry_for=retry_for,
         )
         self.backend = backend
         self._sleep = sleep
+
+    _world = "sync"
+
+    def _backend(self) -> Backend:
+        return self.backend
 
     def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, with blocking calls (see ``_flow``)."""
@@ -504,20 +579,36 @@ class Limiter(_LimiterCore):
             self._sleep(step.seconds)
         return self._local()  # after a Sleep, or for a ReadClock
 
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+    def try_acquire(
+        self, key: str, cost: int = 1, *, also: Sequence[tuple[Limiter, str]] = ()
+    ) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
-        one whose answer came back too late (``late_wakeups``): its slot stays booked."""
-        return run(self._acquire_flow(key, cost, 0, self._local(), refusal=True), self._perform)
+        one whose answer came back too late (``late_wakeups``): its slot stays booked.
+        ``also``: as for :meth:`acquire`."""
+        flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True, also=also)
+        return run(flow, self._perform)
 
     def acquire(
-        self, key: str, cost: int = 1, timeout: float | timedelta | None = None
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[Limiter, str]] = (),
     ) -> Decision:
         """Book the earliest slot and sleep until it: one store round trip, one sleep.
 
         Raises ThrottleTimeout (with ``retry_after``), booking nothing, when the slot
         is more than ``timeout`` seconds away.
+
+        ``also``: (limiter, key) pairs the call is charged to as well, all or nothing,
+        in the same atomic step: one slot that every limiter's quota allows, booked in
+        every key's log, or, refused, in none (``[(account_limiter, account_id)]``). The
+        limiters share this one's backend; the Decision's ``rates`` and ``remaining``
+        list this limiter's rates, then each other's.
         """
-        return run(self._waiting_flow(key, cost, timeout, self._local()), self._perform)
+        flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
+        return run(flow, self._perform)
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
@@ -549,6 +640,7 @@ class AsyncLimiter(_LimiterCore):
         margin: float | timedelta = DEFAULT_MARGIN,
         namespace: str = "default",
         key_secret: bytes | str | None = None,
+        tag: Callable[[str], str] | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         on_unavailable: OnUnavailable = "raise",
@@ -560,12 +652,18 @@ class AsyncLimiter(_LimiterCore):
             margin=margin,
             namespace=namespace,
             key_secret=key_secret,
+            tag=tag,
             clock=clock,
             on_unavailable=on_unavailable,
             retry_for=retry_for,
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
+
+    _world = "async"
+
+    def _backend(self) -> AsyncBackend:
+        return self.backend
 
     async def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, awaited (see ``_flow``)."""
@@ -575,21 +673,29 @@ class AsyncLimiter(_LimiterCore):
             await self._sleep(step.seconds)
         return self._local()
 
-    async def try_acquire(self, key: str, cost: int = 1) -> Decision:
+    async def try_acquire(
+        self, key: str, cost: int = 1, *, also: Sequence[tuple[AsyncLimiter, str]] = ()
+    ) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked."""
-        flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True)
+        flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True, also=also)
         return await arun(flow, self._perform)
 
     async def acquire(
-        self, key: str, cost: int = 1, timeout: float | timedelta | None = None
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[AsyncLimiter, str]] = (),
     ) -> Decision:
         """Book the earliest slot and sleep until it; ThrottleTimeout if it is too far.
 
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
-        return await arun(self._waiting_flow(key, cost, timeout, self._local()), self._perform)
+        flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
+        return await arun(flow, self._perform)
 
     async def usage(self, key: str) -> Usage:
         return await arun(self._usage_flow(key, self._local()), self._perform)
@@ -599,6 +705,11 @@ class AsyncLimiter(_LimiterCore):
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
+
+
+def _store_of(backend: Backend | AsyncBackend) -> Backend | AsyncBackend:
+    """The store behind an adapter (an AsyncLimiter over MemoryBackend or SQLiteBackend)."""
+    return backend.backend if isinstance(backend, (InlineAsync, ThreadedAsync)) else backend
 
 
 def _as_async(backend: AsyncBackend | Backend) -> AsyncBackend:

@@ -227,6 +227,10 @@ class Backend(abc.ABC):
         nothing in it."""
         self.execute(_PING)
 
+    def check_together(self, store_keys: list[str]) -> None:  # noqa: B027 (most fit all)
+        """Raise ConfigurationError if one atomic step cannot hold these keys (a Redis
+        Cluster: keys in different hash slots). Every key fits by default."""
+
     def to_async(self) -> AsyncBackend:
         """The same store for an :class:`~throttle_client.AsyncLimiter`: by default each
         operation runs in a worker thread (:class:`ThreadedAsync`), as it may block."""
@@ -269,6 +273,9 @@ class AsyncBackend(abc.ABC):
     async def aping(self) -> None:
         """As :meth:`Backend.ping`."""
         await self.aexecute(_PING)
+
+    def check_together(self, store_keys: list[str]) -> None:  # noqa: B027
+        """As :meth:`Backend.check_together`."""
 
     async def aclose(self) -> None:  # noqa: B027
         """Let go of this process's connections."""

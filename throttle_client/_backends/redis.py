@@ -25,7 +25,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as rx
+from redis.crc import key_slot
 
+from .._errors import ConfigurationError
 from .._flow import arun, run
 from .base import (
     Acquire,
@@ -178,6 +180,18 @@ def _script_flow(
     return decode(op, reply, repairs)
 
 
+def _one_slot(store_keys: list[str]) -> None:
+    """On a Cluster one script reaches the keys of one hash slot only: refuse the others
+    here, with what to do, rather than let the server answer CROSSSLOT."""
+    slots = {key_slot(redis_keys(key)[0]) for key in store_keys}
+    if len(slots) > 1:
+        raise ConfigurationError(
+            f"on a Redis Cluster the keys of one call must share a hash slot, and the store "
+            f"keys {store_keys} do not: give every limiter of the call the same tag= (a "
+            "function of its key that names what they share, e.g. the account id)"
+        )
+
+
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
@@ -252,6 +266,10 @@ class RedisBackend(Backend):
     def to_async(self) -> AsyncBackend:
         raise TypeError("RedisBackend wraps a sync client: AsyncLimiter needs AsyncRedisBackend")
 
+    def check_together(self, store_keys: list[str]) -> None:
+        if self._url is not None or isinstance(self.client, redis.cluster.RedisCluster):
+            _one_slot(store_keys)
+
     def __repr__(self) -> str:
         shown = self.client if self.client is not None else "Cluster URL, connects at first use"
         return f"RedisBackend({shown!r})"
@@ -297,6 +315,10 @@ class AsyncRedisBackend(AsyncBackend):
 
         async with self._in_flight:
             return await arun(_script_flow(op, self._memory_checked, self._repairs), perform)
+
+    def check_together(self, store_keys: list[str]) -> None:
+        if isinstance(self._runner, redis.asyncio.cluster.RedisCluster):
+            _one_slot(store_keys)
 
     async def execute(self, op: Op[T]) -> T:
         """Deprecated: ``aexecute``, the asyncio stores' name for it."""
