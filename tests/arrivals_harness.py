@@ -200,9 +200,11 @@ class _Recording:
         left = max(0.0, self.deadline - time.monotonic())
         return left if timeout is None else min(timeout, left)
 
-    def _send_flow(self, key: str, cost: int, timeout: Any, now: float) -> Flow[Decision]:
+    def _send_flow(
+        self, key: str, cost: int, timeout: Any, now: float, also: Any = ()
+    ) -> Flow[Decision]:
         """What the transports run before each request, in both worlds."""
-        flow = super()._send_flow(key, cost, self._until_deadline(timeout), now)  # type: ignore[misc]
+        flow = super()._send_flow(key, cost, self._until_deadline(timeout), now, also)  # type: ignore[misc]
         decision: Decision = yield from flow
         if key == self.token:
             slot_us = round(decision.slot * US)

@@ -294,3 +294,77 @@ def test_when_the_store_is_down_on_unavailable_answers_a_stacked_call_too() -> N
             decisions = [tokens.try_acquire("t", also=[(account, "a")]) for _ in range(5)]
             assert sum(d.allowed for d in decisions) == admitted  # a share of 1 for each key
             assert decisions[0].remaining == ((2, 3) if choice == "allow" else (0, 0))
+
+
+def stacked_pair(mode: str) -> tuple[Any, Any, FakeClock]:
+    from throttle_client import AsyncLimiter, Limiter
+
+    clock = FakeClock()
+    store = MemoryBackend()
+
+    def make(**options: Any) -> Any:
+        if mode == "sync":
+            return Limiter(store, margin=0, clock=clock, sleep=clock.sleep, **options)
+        return AsyncLimiter(store, margin=0, clock=clock, sleep=clock.asleep, **options)
+
+    return (
+        make(rates=["2/second"], namespace="token"),
+        make(rates=["3/second"], namespace="account"),
+        clock,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_transport_charges_each_request_to_its_token_and_its_account(mode: str) -> None:
+    import asyncio
+
+    import httpx
+
+    from throttle_client import AsyncThrottledTransport, ThrottledTransport
+
+    tokens, account, clock = stacked_pair(mode)
+    sent: list[tuple[float, str]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append((clock.now, request.headers["Authorization"]))
+        return httpx.Response(200)
+
+    also = [(account, lambda request: "acct-9")]
+    requests = [("A", "Bearer A"), ("A", "Bearer A"), ("B", "Bearer B"), ("B", "Bearer B")]
+    if mode == "sync":
+        with httpx.Client(
+            transport=ThrottledTransport(tokens, also=also, transport=httpx.MockTransport(upstream))
+        ) as client:
+            for _, header in requests:
+                client.get("https://api.example.com/x", headers={"Authorization": header})
+    else:
+
+        async def crawl() -> None:
+            transport = AsyncThrottledTransport(
+                tokens, also=also, transport=httpx.MockTransport(upstream)
+            )
+            async with httpx.AsyncClient(transport=transport) as client:
+                for _, header in requests:
+                    await client.get("https://api.example.com/x", headers={"Authorization": header})
+
+        asyncio.run(crawl())
+    start = sent[0][0]
+    # Three at once fill the account (3/second); the fourth waits for its window.
+    assert [round(t - start, 6) for t, _ in sent] == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_the_decorator_charges_each_call_to_the_keys_its_arguments_name() -> None:
+    from throttle_client import throttled
+
+    tokens, account, clock = stacked_pair("sync")
+
+    @throttled(tokens, key="token", also=[(account, "account_id")])
+    def fetch(token: str, account_id: str) -> float:
+        return clock.now
+
+    times = [fetch(token, "acct-9") for token in ("A", "A", "B", "B")]
+    assert [t - times[0] for t in times] == [0.0, 0.0, 0.0, 1.0]
+    assert account.usage("acct-9").rates[0].used == 1  # the fourth: the window is now past 3
+    assert tokens.usage("B").rates[0].used == 1  # B's second call, in its own window
+    with pytest.raises(ConfigurationError, match="names no argument"):
+        throttled(tokens, key="token", also=[(account, "acount")])(fetch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
@@ -40,11 +40,17 @@ class _CallPlan:
         func: Callable[..., Any],
         key: str | Callable[..., str],
         cost: int | str | Callable[..., int],
+        also: Sequence[tuple[Any, str | Callable[..., str]]] = (),
     ) -> None:
         self.signature = inspect.signature(func)
         self.key = key
         self.cost = cost
-        for what, spec in (("key", key), ("cost", cost)):
+        self.also = tuple(also)
+        for pair in self.also:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(f"also= takes (limiter, key) pairs, not {pair!r}")
+        specs = [("key", key), ("cost", cost)] + [("also key", spec) for _, spec in self.also]
+        for what, spec in specs:
             if isinstance(spec, str):
                 self._check_name(func, what, spec)
             elif what == "cost" and isinstance(spec, int) and not isinstance(spec, bool):
@@ -74,11 +80,21 @@ class _CallPlan:
             return kwargs[name]
         raise TypeError(f"the call passed no argument {name!r} to throttle on")
 
-    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        if isinstance(self.key, str):
-            key: str = self._argument(self.key, args, kwargs)
+    def key_of(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        spec: str | Callable[..., str] | None = None,
+    ) -> str:
+        spec = self.key if spec is None else spec
+        if isinstance(spec, str):
+            key: str = self._argument(spec, args, kwargs)
             return key
-        return self.key(*args, **kwargs)
+        return spec(*args, **kwargs)
+
+    def also_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, str]]:
+        """The other limiters the call is charged to, with its keys for them."""
+        return [(limiter, self.key_of(args, kwargs, spec)) for limiter, spec in self.also]
 
     def cost_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         if isinstance(self.cost, int):
@@ -95,6 +111,7 @@ def throttled(
     key: str | Callable[..., str],
     cost: int | str | Callable[..., int] = 1,
     timeout: float | timedelta | None = None,
+    also: Sequence[tuple[Limiter | AsyncLimiter, str | Callable[..., str]]] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make every call of the decorated function wait for its slot first.
 
@@ -102,6 +119,8 @@ def throttled(
     callable over the call's arguments. ``cost``: units per call, fixed, the name of an
     argument, or a callable over the call's arguments. ``timeout``: the longest wait
     for a slot; beyond it ``ThrottleTimeout`` is raised and the function is not called.
+    ``also``: (limiter, key) pairs each call is charged to as well, all or nothing, the
+    key given as ``key`` is (an argument name, or a callable over the call's arguments).
     A plain function needs a :class:`Limiter`, a coroutine function (or an object
     whose ``__call__`` is one) an :class:`AsyncLimiter`. Name, docstring and signature
     are kept; methods work. Generator functions are refused: their body runs while
@@ -128,7 +147,7 @@ def throttled(
                     "iterated: throttle the requests it makes instead (limiter.acquire in "
                     "it, or a ThrottledTransport)"
                 )
-        plan = _CallPlan(func, key, cost)
+        plan = _CallPlan(func, key, cost, also)
         if _is_async(func):
             if not isinstance(limiter, AsyncLimiter):
                 raise TypeError(
@@ -140,7 +159,10 @@ def throttled(
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 await async_limiter.acquire(
-                    plan.key_of(args, kwargs), plan.cost_of(args, kwargs), timeout=timeout
+                    plan.key_of(args, kwargs),
+                    plan.cost_of(args, kwargs),
+                    timeout=timeout,
+                    also=plan.also_of(args, kwargs),
                 )
                 return await func(*args, **kwargs)
 
@@ -154,7 +176,10 @@ def throttled(
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             sync_limiter.acquire(
-                plan.key_of(args, kwargs), plan.cost_of(args, kwargs), timeout=timeout
+                plan.key_of(args, kwargs),
+                plan.cost_of(args, kwargs),
+                timeout=timeout,
+                also=plan.also_of(args, kwargs),
             )
             return func(*args, **kwargs)
 

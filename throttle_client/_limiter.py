@@ -355,11 +355,16 @@ class _LimiterCore:
         )
 
     def _send_flow(
-        self, key: str, cost: int, timeout: float | timedelta | None, now: float
+        self,
+        key: str,
+        cost: int,
+        timeout: float | timedelta | None,
+        now: float,
+        also: Also = (),
     ) -> Flow[Decision]:
         """acquire as the transports use it before each request: a call that slept looks
         for a pause first. (A subclass may wrap it, once for both worlds.)"""
-        return self._waiting_flow(key, cost, timeout, now, recheck_pause=True)
+        return self._waiting_flow(key, cost, timeout, now, recheck_pause=True, also=also)
 
     def _execute_flow(self, op: Op[T], now: float) -> Flow[tuple[T, bool, float]]:
         """Ask the store at local time ``now``, retrying what may pass; if it stays

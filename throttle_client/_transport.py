@@ -50,18 +50,22 @@ class Route(Generic[L]):
     """Requests to ``host`` (any host when None) whose path is ``path`` or lies below
     it go through ``limiter``. The first matching route wins. A host with a port
     (``"127.0.0.1:8080"``, ``"[::1]:8080"``) matches that port only; a bare one, any port.
+    ``also``: (limiter, key function) pairs such a request is charged to as well, in the
+    same atomic step (see ``Limiter.acquire``).
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
-    >>> Route(search, host="api.github.com", path="/search")
+    >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
     """
 
     limiter: L
     host: str | None = None
     path: str = "/"
+    also: Sequence[tuple[L, KeyFunc]] = ()
     _name: str | None = field(default=None, init=False, repr=False, compare=False)
     _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "also", _checked_also(self.also))
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigurationError(f"a route's path must start with '/', not {self.path!r}")
         if self.host is not None:
@@ -157,6 +161,7 @@ class _Plan(Generic[L]):
     limiter: L
     key: str
     cost: int
+    also: tuple[tuple[L, str], ...]  # the other limiters it is charged to, with its keys
     label: str  # what logs may say about the key: a host, or a digest of the token
     target: str  # "GET host/path": never the query, which may carry a token
     retryable: bool
@@ -173,14 +178,19 @@ class _TransportCore(Generic[L]):
     cost: int | CostFunc
     retry: RetryPolicy
     acquire_timeout: float | timedelta | None
+    also: Sequence[tuple[L, KeyFunc]] = ()
     _warned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
         self.routes = tuple(self.routes)
+        self.also = _checked_also(self.also)
         if self.limiter is None and not self.routes:
             raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
-        for limiter in [self.limiter, *(route.limiter for route in self.routes)]:
+        partners: list[L] = [other for other, _ in self.also]
+        for route in self.routes:
+            partners += [other for other, _ in route.also]
+        for limiter in [self.limiter, *(route.limiter for route in self.routes), *partners]:
             if limiter is not None and not isinstance(limiter, self.kind):
                 raise TypeError(
                     f"{transport} needs {self.kind.__name__} objects, not {limiter!r}; "
@@ -199,7 +209,8 @@ class _TransportCore(Generic[L]):
 
     def plan(self, request: httpx.Request) -> _Plan[L] | None:
         """The limiter, key and cost of ``request``; None: it passes unthrottled."""
-        limiter = next((r.limiter for r in self.routes if r.matches(request)), self.limiter)
+        route = next((r for r in self.routes if r.matches(request)), None)
+        limiter, also = (route.limiter, route.also) if route else (self.limiter, self.also)
         if limiter is None:
             return None
         key = self.key(request)
@@ -207,6 +218,7 @@ class _TransportCore(Generic[L]):
             limiter=limiter,
             key=key,
             cost=self.cost if isinstance(self.cost, int) else self.cost(request),
+            also=tuple((other, key_of(request)) for other, key_of in also),
             label=key_label(key, request),
             target=f"{request.method} {request.url.host}{request.url.path}",
             retryable=request.method in self.retry.methods
@@ -222,7 +234,9 @@ class _TransportCore(Generic[L]):
         limiter = plan.limiter
         attempts, attempt = self.retry.max_attempts, 1
         while True:
-            decision = yield from limiter._send_flow(plan.key, plan.cost, self.acquire_timeout, now)
+            decision = yield from limiter._send_flow(
+                plan.key, plan.cost, self.acquire_timeout, now, also=plan.also
+            )
             if decision.waited > LONG_WAIT:
                 logger.info(
                     "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
@@ -284,6 +298,16 @@ class _TransportCore(Generic[L]):
         return feedback.pause or 0.0, feedback.refused and plan.retryable
 
 
+def _checked_also(also: Sequence[tuple[L, KeyFunc]]) -> tuple[tuple[L, KeyFunc], ...]:
+    pairs = tuple(also)
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and callable(pair[1])):
+            raise TypeError(
+                f"also= takes (limiter, key function of the request) pairs, not {pair!r}"
+            )
+    return pairs
+
+
 def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The inner transport's share of httpx.Client arguments. ``proxy`` moves there
     entirely: left to the client it would mount a transport that bypasses the limiter."""
@@ -342,8 +366,11 @@ class ThrottledTransport(httpx.BaseTransport):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
+        also: Sequence[tuple[Limiter, KeyFunc]] = (),
     ) -> None:
-        self._core = _TransportCore(Limiter, limiter, routes, key, cost, retry, acquire_timeout)
+        self._core = _TransportCore(
+            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also
+        )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -385,9 +412,10 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
+        also: Sequence[tuple[AsyncLimiter, KeyFunc]] = (),
     ) -> None:
         self._core = _TransportCore(
-            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout
+            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
@@ -434,6 +462,7 @@ class ThrottledClient(httpx.Client):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
+        also: Sequence[tuple[Limiter, KeyFunc]] = (),
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -447,6 +476,7 @@ class ThrottledClient(httpx.Client):
             cost=cost,
             retry=retry,
             acquire_timeout=acquire_timeout,
+            also=also,
         )
         super().__init__(transport=throttled, **kwargs)
 
@@ -468,6 +498,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
+        also: Sequence[tuple[AsyncLimiter, KeyFunc]] = (),
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -481,5 +512,6 @@ class AsyncThrottledClient(httpx.AsyncClient):
             cost=cost,
             retry=retry,
             acquire_timeout=acquire_timeout,
+            also=also,
         )
         super().__init__(transport=throttled, **kwargs)
