@@ -316,3 +316,19 @@ def test_the_readme_synopsis_says_which_options_are_required() -> None:
                 for group in parser._mutually_exclusive_groups
             )
             assert required is not optional, f"README: {name} {option}"
+
+
+def test_status_and_reset_find_a_tagged_key_by_its_tag(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    store = SQLiteBackend(path)
+    limiter = Limiter(store, rates=["5/minute"], namespace="crawl", tag=lambda _: "acct-9")
+    limiter.try_acquire(TOKEN)
+    common = ["--sqlite", str(path), "--namespace", "crawl", "--rate", "5/minute", "--json"]
+    untagged = json.loads(cli("status", *common, TOKEN).stdout)["keys"][0]
+    assert untagged["rates"][0]["used"] == 0  # another log: the key is kept under its tag
+    tagged = json.loads(cli("status", *common, "--tag", "acct-9", TOKEN).stdout)["keys"][0]
+    assert tagged["rates"][0]["used"] == 1 and tagged["store_key"] == limiter.store_key(TOKEN)
+    reset = cli("reset", "--sqlite", str(path), "--namespace", "crawl", "--tag", "acct-9", TOKEN)
+    assert reset.returncode == 0, reset.stderr
+    assert limiter.usage(TOKEN).rates[0].used == 0
+    store.close()

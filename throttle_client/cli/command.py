@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--namespace", default="default", help="the limiter's namespace (default %(default)s)"
         )
         sub.add_argument(
+            "--tag",
+            metavar="VALUE",
+            help="the tag the limiter gives these keys (tag=, for stacked calls on a Cluster)",
+        )
+        sub.add_argument(
             "--key-env",
             action="append",
             default=[],
@@ -286,6 +291,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             min_interval=args.min_interval,
             margin=args.margin,
             namespace=args.namespace,
+            tag=None if args.tag is None else (lambda _key: args.tag),
         )
         usages = [limiter.usage(key) for key in keys]
     report: list[dict[str, Any]] = []
@@ -329,7 +335,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     with _open_store(args) as backend:
         for number, key in enumerate(keys, 1):
             # The store key alone names the log: no rates are needed to forget it.
-            hashed = store_key(key, namespace=args.namespace)
+            hashed = store_key(key, namespace=args.namespace, tag=args.tag)
             backend.forget(hashed)
             label = _label(number, hashed)
             print(f"reset {label['key']} (store key {label['store_key']})")
