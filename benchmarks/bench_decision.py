@@ -8,6 +8,8 @@ CPU frequency, the log growing) hits every candidate alike:
   tc try_acquire throttle_client ``Limiter.try_acquire``, admitted (10**9/hour)
   tc refused     ``try_acquire`` on a spent key (1/hour): the refusal path
   tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
+  tc stacked     ``try_acquire`` charged to a token and its account at once (``also=``):
+                 two keys' logs decided and booked in one script call
   limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
   pyrate         pyrate-limiter's ``Limiter(RedisBucket).try_acquire`` (non-blocking)
 
@@ -41,6 +43,7 @@ CANDIDATES: list[tuple[str, bool]] = [
     ("tc try_acquire", True),
     ("tc refused", False),
     ("tc acquire", True),
+    ("tc stacked", True),
     ("limits", True),
     ("pyrate", True),
 ]
@@ -70,6 +73,10 @@ def build(name: str, url: str) -> Callable[[], object]:
         limiter = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench")
         if name == "tc acquire":
             return lambda: limiter.acquire("token-acquire").allowed
+        if name == "tc stacked":
+            account = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench-account")
+            both = [(account, "account-stacked")]
+            return lambda: limiter.try_acquire("token-stacked", also=both).allowed
         return lambda: limiter.try_acquire("token-try").allowed
     if name == "limits":
         from limits import RateLimitItemPerHour

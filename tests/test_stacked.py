@@ -7,8 +7,10 @@ pauses; a refusal writes nothing in any key's log."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,8 +91,23 @@ def wait_us(max_wait: int | None) -> int:
 _examples = itertools.count()
 
 
+@pytest.fixture(scope="module")
+def redis_stores() -> Iterator[dict[str, RedisBackend]]:
+    """One Redis and one Cluster backend for every example of the module: a client per
+    example would leave redis-py's Cluster sockets for the collector to find."""
+    stores: dict[str, RedisBackend] = {}
+    yield stores
+    for store in stores.values():
+        store.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
 @contextlib.contextmanager
-def a_store(kind: str, request: pytest.FixtureRequest) -> Iterator[tuple[Backend, dict[str, str]]]:
+def a_store(
+    kind: str, request: pytest.FixtureRequest, shared: dict[str, RedisBackend]
+) -> Iterator[tuple[Backend, dict[str, str]]]:
     """A store, and the store keys this example uses for KEYS: fresh ones, sharing one
     hash tag so that a Cluster holds them in one slot."""
     n = next(_examples)
@@ -101,9 +118,10 @@ def a_store(kind: str, request: pytest.FixtureRequest) -> Iterator[tuple[Backend
         with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as db:
             yield db, names
     else:
-        server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
-        with RedisBackend(server.url, cluster=kind == "cluster") as backend:
-            yield _Lasting(backend, names), names
+        if kind not in shared:
+            server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+            shared[kind] = RedisBackend(server.url, cluster=kind == "cluster")
+        yield _Lasting(shared[kind], names), names
 
 
 class _Lasting(Backend):
@@ -128,9 +146,13 @@ class _Lasting(Backend):
 )
 @given(quota_list=st.lists(quotas, min_size=3, max_size=3), script=steps)
 def test_a_stacked_acquire_agrees_with_the_naive_model(
-    request: pytest.FixtureRequest, kind: str, quota_list: list[Quota], script: Any
+    request: pytest.FixtureRequest,
+    redis_stores: dict[str, RedisBackend],
+    kind: str,
+    quota_list: list[Quota],
+    script: Any,
 ) -> None:
-    with a_store(kind, request) as (store, names):
+    with a_store(kind, request, redis_stores) as (store, names):
         run_against_the_model(store, names, quota_list, script)
 
 
