@@ -32,7 +32,7 @@ def round_trips(url: str) -> None:
     floor = conn.script_load("return 1")
     sized = conn.script_load(f"return '{REPLY.decode()}'")
     ours = conn.script_load(SCRIPT)
-    keys, args = encode(limiter._acquire_op("token", 1, 0))
+    keys, args = encode(limiter._acquire_op("token", 1, 0, 0.0))
     ids = itertools.count()
     steps: dict[str, Callable[[], object]] = {
         "floor: EVALSHA 'return 1', one key": lambda: conn.evalsha(floor, 1, "k"),
@@ -41,7 +41,7 @@ def round_trips(url: str) -> None:
             ours, len(keys), *keys, *args[:-1], b"%d" % next(ids)
         ),
         "+ RedisBackend.execute": lambda: limiter.backend.execute(
-            limiter._acquire_op("token", 1, 0)
+            limiter._acquire_op("token", 1, 0, 0.0)
         ),
         "+ Limiter.try_acquire": lambda: limiter.try_acquire("token"),
     }
@@ -68,15 +68,15 @@ def python_side() -> None:
     # The script runs over the backend's own copy of the client: stub that one.
     backend._runner.evalsha = lambda *args: REPLY  # type: ignore[method-assign,union-attr]
     limiter = Limiter(backend, rates=[Rate(10**9, 3600)], namespace="bench")
-    op = limiter._acquire_op("token", 1, 0)
+    op = limiter._acquire_op("token", 1, 0, 0.0)
     verdict = decode(op, REPLY)
     keys, args = encode(op)
     conn = redis.Redis.from_url("redis://127.0.0.1:1/0").connection_pool.make_connection()
     steps: dict[str, Callable[[], object]] = {
-        "_acquire_op (key, checks, call id)": lambda: limiter._acquire_op("token", 1, 0),
+        "_acquire_op (key, checks, call id)": lambda: limiter._acquire_op("token", 1, 0, 0.0),
         "encode": lambda: encode(op),
         "decode": lambda: decode(op, REPLY),
-        "_decision": lambda: limiter._decision(verdict, 1, waits=False),
+        "_decision": lambda: limiter._decision(verdict, 1),
         "try_acquire, round trip stubbed out": lambda: limiter.try_acquire("token"),
         "redis-py pack_command, ours": lambda: conn.pack_command(
             "EVALSHA", "x" * 40, len(keys), *keys, *args

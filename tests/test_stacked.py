@@ -390,3 +390,80 @@ def test_the_decorator_charges_each_call_to_the_keys_its_arguments_name() -> Non
     assert tokens.usage("B").rates[0].used == 1  # B's second call, in its own window
     with pytest.raises(ConfigurationError, match="names no argument"):
         throttled(tokens, key="token", also=[(account, "acount")])(fetch)
+
+
+def test_a_key_can_be_charged_its_own_cost() -> None:
+    """GitHub: a write costs 5 of the endpoint's 900 points and 1 of the token's 5000."""
+    tokens, endpoint, _ = stacked_pair("sync")
+    decision = tokens.try_acquire("A", 1, also=[(endpoint, "POST /repos", 3)])
+    assert decision.remaining == (1, 0)  # token: 1 of 2 left; endpoint: 3 of 3 spent
+    refused = tokens.try_acquire("B", 1, also=[(endpoint, "POST /repos", 1)])
+    assert not refused.allowed
+    with pytest.raises(TypeError, match=r"\(limiter, key\) or \(limiter, key, cost\)"):
+        tokens.try_acquire("A", also=[endpoint])  # type: ignore[list-item]
+
+
+def test_a_stacked_call_arrives_within_the_narrowest_margin() -> None:
+    """The account's windows were widened by 10 ms only: a call 50 ms late for its slot
+    is late for the account, whatever the token's own 100 ms margin allows."""
+    from throttle_client import Limiter
+
+    clock = FakeClock()
+    store = MemoryBackend()
+    late = [0.05]
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds + (late.pop() if late else 0.0))
+
+    tokens = Limiter(store, rates=["5/second"], margin=0.1, clock=clock, sleep=sleep)
+    account = Limiter(store, rates=["1/second"], namespace="account", margin=0.01, clock=clock)
+    tokens.acquire("A", also=[(account, "acct")])
+    decision = tokens.acquire("A", also=[(account, "acct")])  # sleeps ~1 s, wakes 50 ms late
+    assert decision.late_wakeups == 1  # booked again rather than crowd the account
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_refusal_pauses_every_key_of_the_request_and_routes_keep_the_transports_also(
+    mode: str,
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from throttle_client import AsyncThrottledTransport, RetryPolicy, Route, ThrottledTransport
+
+    tokens, account, clock = stacked_pair(mode)
+    search = type(tokens)(tokens.backend, rates=["10/second"], namespace="search", clock=clock)
+    statuses = [429, 200]
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        status = statuses.pop(0) if statuses else 200
+        return httpx.Response(status, headers={"Retry-After": "5"} if status == 429 else {})
+
+    also = [(account, lambda request: "acct-9")]
+    routes = [Route(search, path="/search")]
+    cls = ThrottledTransport if mode == "sync" else AsyncThrottledTransport
+    transport = cls(
+        tokens,
+        routes=routes,
+        also=also,
+        transport=httpx.MockTransport(upstream),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    url, headers = "https://api.example.com/search/code", {"Authorization": "Bearer A"}
+    if mode == "sync":
+        with httpx.Client(transport=transport) as client:
+            assert client.get(url, headers=headers).status_code == 429
+        usage = account.usage("acct-9")
+        searched = search.usage("A")
+    else:
+
+        async def run() -> tuple[Any, Any]:
+            async with httpx.AsyncClient(transport=transport) as client:
+                assert (await client.get(url, headers=headers)).status_code == 429
+            return await account.usage("acct-9"), await search.usage("A")
+
+        usage, searched = asyncio.run(run())
+    assert usage.rates[0].used == 1  # the routed request was charged to the account too
+    assert usage.paused_for == pytest.approx(5.0)  # and the 429 paused the account
+    assert searched.paused_for == pytest.approx(5.0)  # as well as the route's own key

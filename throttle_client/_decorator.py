@@ -40,24 +40,32 @@ class _CallPlan:
         func: Callable[..., Any],
         key: str | Callable[..., str],
         cost: int | str | Callable[..., int],
-        also: Sequence[tuple[Any, str | Callable[..., str]]] = (),
+        also: Sequence[tuple[Any, ...]] = (),
     ) -> None:
         self.signature = inspect.signature(func)
         self.key = key
         self.cost = cost
         self.also = tuple(also)
-        for pair in self.also:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise TypeError(f"also= takes (limiter, key) pairs, not {pair!r}")
-        specs = [("key", key), ("cost", cost)] + [("also key", spec) for _, spec in self.also]
+        for entry in self.also:
+            if not (isinstance(entry, tuple) and len(entry) in (2, 3)):
+                raise TypeError(
+                    f"also= takes (limiter, key) or (limiter, key, cost), not {entry!r}"
+                )
+        specs = [("key", key), ("cost", cost)]
+        for entry in self.also:
+            specs += [("also key", entry[1])] + (
+                [("also cost", entry[2])] if len(entry) == 3 else []
+            )
         for what, spec in specs:
             if isinstance(spec, str):
                 self._check_name(func, what, spec)
-            elif what == "cost" and isinstance(spec, int) and not isinstance(spec, bool):
+            elif what.endswith("cost") and isinstance(spec, int) and not isinstance(spec, bool):
                 if spec < 1:
                     raise ConfigurationError(f"cost must be a positive integer, not {spec!r}")
             elif not callable(spec):
-                kind = "an argument name or a callable" + (", or an int" if what == "cost" else "")
+                kind = "an argument name or a callable" + (
+                    ", or an int" if what.endswith("cost") else ""
+                )
                 raise TypeError(f"{what} must be {kind}, not {spec!r}")
 
     def _check_name(self, func: Callable[..., Any], what: str, name: str) -> None:
@@ -92,17 +100,27 @@ class _CallPlan:
             return key
         return spec(*args, **kwargs)
 
-    def also_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, str]]:
-        """The other limiters the call is charged to, with its keys for them."""
-        return [(limiter, self.key_of(args, kwargs, spec)) for limiter, spec in self.also]
+    def also_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The other limiters the call is charged to, with its keys (and costs) there."""
+        return [
+            (entry[0], self.key_of(args, kwargs, entry[1]))
+            + ((self.cost_of(args, kwargs, entry[2]),) if len(entry) == 3 else ())
+            for entry in self.also
+        ]
 
-    def cost_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        if isinstance(self.cost, int):
-            return self.cost
-        if isinstance(self.cost, str):
-            cost: int = self._argument(self.cost, args, kwargs)
+    def cost_of(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        spec: int | str | Callable[..., int] | None = None,
+    ) -> int:
+        spec = self.cost if spec is None else spec
+        if isinstance(spec, int):
+            return spec
+        if isinstance(spec, str):
+            cost: int = self._argument(spec, args, kwargs)
             return cost
-        return self.cost(*args, **kwargs)
+        return spec(*args, **kwargs)
 
 
 def throttled(
@@ -111,7 +129,7 @@ def throttled(
     key: str | Callable[..., str],
     cost: int | str | Callable[..., int] = 1,
     timeout: float | timedelta | None = None,
-    also: Sequence[tuple[Limiter | AsyncLimiter, str | Callable[..., str]]] = (),
+    also: Sequence[tuple[Any, ...]] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make every call of the decorated function wait for its slot first.
 
@@ -120,7 +138,8 @@ def throttled(
     argument, or a callable over the call's arguments. ``timeout``: the longest wait
     for a slot; beyond it ``ThrottleTimeout`` is raised and the function is not called.
     ``also``: (limiter, key) pairs each call is charged to as well, all or nothing, the
-    key given as ``key`` is (an argument name, or a callable over the call's arguments).
+    key given as ``key`` is (an argument name, or a callable over the call's arguments);
+    a third item, given as ``cost`` is, charges that key another cost.
     A plain function needs a :class:`Limiter`, a coroutine function (or an object
     whose ``__call__`` is one) an :class:`AsyncLimiter`. Name, docstring and signature
     are kept; methods work. Generator functions are refused: their body runs while

@@ -53,8 +53,9 @@ from ._results import Decision, RateUsage, Usage
 from ._store_clock import DRIFT, StoreClock
 
 T = TypeVar("T")
-# The other limiters a stacked call is charged to, each with its key.
-Also = Sequence[tuple["_LimiterCore", str]]
+# The other limiters a stacked call is charged to, each with its key, and the cost
+# charged to it when that is not the call's own.
+Also = Sequence[tuple["_LimiterCore", str] | tuple["_LimiterCore", str, int]]
 US = 1_000_000
 log = logging.getLogger("throttle_client")
 
@@ -193,9 +194,11 @@ class _LimiterCore:
                 now_us=self._at(now),
             )
         charges = [Charge(self.store_key(key), self._quota, self._cost(cost))]
-        for other, other_key in also:
+        for other, other_key, other_cost in (_also_entry(entry, cost) for entry in also):
             self._check_partner(other)
-            charges.append(Charge(other.store_key(other_key), other._quota, other._cost(cost)))
+            charges.append(
+                Charge(other.store_key(other_key), other._quota, other._cost(other_cost))
+            )
         names = [charge.key for charge in charges]
         if len(set(names)) < len(names):
             raise ConfigurationError(
@@ -219,7 +222,7 @@ class _LimiterCore:
 
     def _rates_with(self, also: Also) -> tuple[Rate, ...]:
         """The rates a stacked call's Decision reports: this limiter's, then each other's."""
-        return self.rates + tuple(rate for other, _ in also for rate in other.rates)
+        return self.rates + tuple(rate for other, *_ in also for rate in other.rates)
 
     def _decision(
         self,
@@ -275,6 +278,9 @@ class _LimiterCore:
         """
         op = self._acquire_op(key, cost, max_wait_us, started, also)
         rates = self._rates_with(also) if also else None
+        # Each limiter widened its windows by its own margin: a stacked call must arrive
+        # within the narrowest of them.
+        margin = min([self.margin, *(other.margin for other, *_ in also)])
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
             verdict, from_store, now = yield from self._execute_flow(op, sent)
@@ -300,9 +306,7 @@ class _LimiterCore:
                 # margin (DRIFT): one read of the store's time renews it. Sleeps shorter
                 # than about margin / (2 * DRIFT), 25 s by default, never need it, nor
                 # does a store whose round trip alone is longer than the margin.
-                if recheck_pause or (
-                    self.margin and clock.spread(now) > self.margin >= clock.width()
-                ):
+                if recheck_pause or (margin and clock.spread(now) > margin >= clock.width()):
                     asked = now
                     try:
                         snap, from_store, now = yield from self._execute_flow(
@@ -319,8 +323,8 @@ class _LimiterCore:
             # A call that can wait may book again if its own answer came too late to
             # tell (not a sleep whose wake-up only the width of the bracket blurs).
             rebook_if_unsure = answered_late and not refusal
-            late = self._late_by(clock, slot, now, rebook_if_unsure) if self.margin else 0.0
-            if late <= self.margin:
+            late = self._late_by(clock, slot, now, rebook_if_unsure, margin) if margin else 0.0
+            if late <= margin:
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
@@ -328,7 +332,7 @@ class _LimiterCore:
             log.debug(
                 "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
                 late * 1000,
-                self.margin * 1000,
+                margin * 1000,
             )
             if refusal:  # try_acquire asks once: its late slot is its answer, unused
                 late_verdict = dataclasses.replace(verdict, allowed=False)
@@ -445,7 +449,9 @@ class _LimiterCore:
             op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
         )
 
-    def _late_by(self, clock: StoreClock, slot: float, now: float, rebook_if_unsure: bool) -> float:
+    def _late_by(
+        self, clock: StoreClock, slot: float, now: float, rebook_if_unsure: bool, margin: float
+    ) -> float:
         """How far past ``slot`` a call at local time ``now`` may be, on the store's clock.
 
         When the store's time is known less precisely than the margin (a round trip
@@ -459,7 +465,7 @@ class _LimiterCore:
         """
         late = clock.late_by(slot, now)
         spread = clock.spread(now)
-        if spread <= self.margin or (rebook_if_unsure and clock.answers < WARM_UP):
+        if spread <= margin or (rebook_if_unsure and clock.answers < WARM_UP):
             return late
         if clock.answers < WARM_UP:
             return late - spread
@@ -470,7 +476,7 @@ class _LimiterCore:
                 "round trip), more than margin=%.1f ms: arrivals cannot be held within the "
                 "margin; widen it",
                 spread * 1000,
-                self.margin * 1000,
+                margin * 1000,
             )
         return late - spread
 
@@ -585,7 +591,11 @@ class Limiter(_LimiterCore):
         return self._local()  # after a Sleep, or for a ReadClock
 
     def try_acquire(
-        self, key: str, cost: int = 1, *, also: Sequence[tuple[Limiter, str]] = ()
+        self,
+        key: str,
+        cost: int = 1,
+        *,
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
     ) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked.
@@ -599,7 +609,7 @@ class Limiter(_LimiterCore):
         cost: int = 1,
         timeout: float | timedelta | None = None,
         *,
-        also: Sequence[tuple[Limiter, str]] = (),
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
     ) -> Decision:
         """Book the earliest slot and sleep until it: one store round trip, one sleep.
 
@@ -608,9 +618,12 @@ class Limiter(_LimiterCore):
 
         ``also``: (limiter, key) pairs the call is charged to as well, all or nothing,
         in the same atomic step: one slot that every limiter's quota allows, booked in
-        every key's log, or, refused, in none (``[(account_limiter, account_id)]``). The
-        limiters share this one's backend; the Decision's ``rates`` and ``remaining``
-        list this limiter's rates, then each other's.
+        every key's log, or, refused, in none (``[(account_limiter, account_id)]``). A
+        third item charges that key another cost (``(endpoint_limiter, route, 5)``). The
+        limiters share this one's backend; the call arrives within the narrowest of
+        their margins; this limiter's ``on_unavailable`` and ``retry_for`` decide for the
+        whole call. The Decision's ``rates`` and ``remaining`` list this limiter's rates,
+        then each other's.
         """
         flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
         return run(flow, self._perform)
@@ -679,7 +692,11 @@ class AsyncLimiter(_LimiterCore):
         return self._local()
 
     async def try_acquire(
-        self, key: str, cost: int = 1, *, also: Sequence[tuple[AsyncLimiter, str]] = ()
+        self,
+        key: str,
+        cost: int = 1,
+        *,
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
     ) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked."""
@@ -692,7 +709,7 @@ class AsyncLimiter(_LimiterCore):
         cost: int = 1,
         timeout: float | timedelta | None = None,
         *,
-        also: Sequence[tuple[AsyncLimiter, str]] = (),
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
     ) -> Decision:
         """Book the earliest slot and sleep until it; ThrottleTimeout if it is too far.
 
@@ -710,6 +727,14 @@ class AsyncLimiter(_LimiterCore):
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
+
+
+def _also_entry(entry: object, cost: int) -> tuple[_LimiterCore, str, int]:
+    """An ``also=`` entry as (limiter, key, cost): the call's own cost unless it names one."""
+    if isinstance(entry, tuple) and len(entry) in (2, 3):
+        other, key, *rest = entry
+        return other, key, rest[0] if rest else cost
+    raise TypeError(f"also= takes (limiter, key) or (limiter, key, cost) tuples, not {entry!r}")
 
 
 def _store_of(backend: Backend | AsyncBackend) -> Backend | AsyncBackend:

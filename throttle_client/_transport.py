@@ -36,6 +36,9 @@ LONG_WAIT = 10.0
 L = TypeVar("L", Limiter, AsyncLimiter)
 KeyFunc = Callable[[httpx.Request], str]
 CostFunc = Callable[[httpx.Request], int]
+# Another limiter a request is charged to: with a function of the request for its key,
+# and optionally the cost charged there (an int, or a function of the request).
+AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
 
 # The port a URL without one is sent to (httpx reports it as None).
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -51,7 +54,8 @@ class Route(Generic[L]):
     it go through ``limiter``. The first matching route wins. A host with a port
     (``"127.0.0.1:8080"``, ``"[::1]:8080"``) matches that port only; a bare one, any port.
     ``also``: (limiter, key function) pairs such a request is charged to as well, in the
-    same atomic step (see ``Limiter.acquire``).
+    same atomic step (see ``Limiter.acquire``), with the transport's own ``also``; a third
+    item, an int or a function of the request, charges that key another cost.
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
     >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
@@ -60,7 +64,7 @@ class Route(Generic[L]):
     limiter: L
     host: str | None = None
     path: str = "/"
-    also: Sequence[tuple[L, KeyFunc]] = ()
+    also: Sequence[AlsoSpec[L]] = ()
     _name: str | None = field(default=None, init=False, repr=False, compare=False)
     _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -161,7 +165,7 @@ class _Plan(Generic[L]):
     limiter: L
     key: str
     cost: int
-    also: tuple[tuple[L, str], ...]  # the other limiters it is charged to, with its keys
+    also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
     label: str  # what logs may say about the key: a host, or a digest of the token
     target: str  # "GET host/path": never the query, which may carry a token
     retryable: bool
@@ -178,7 +182,7 @@ class _TransportCore(Generic[L]):
     cost: int | CostFunc
     retry: RetryPolicy
     acquire_timeout: float | timedelta | None
-    also: Sequence[tuple[L, KeyFunc]] = ()
+    also: Sequence[AlsoSpec[L]] = ()
     _warned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -187,9 +191,9 @@ class _TransportCore(Generic[L]):
         self.also = _checked_also(self.also)
         if self.limiter is None and not self.routes:
             raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
-        partners: list[L] = [other for other, _ in self.also]
+        partners: list[L] = [spec[0] for spec in self.also]
         for route in self.routes:
-            partners += [other for other, _ in route.also]
+            partners += [spec[0] for spec in route.also]
         for limiter in [self.limiter, *(route.limiter for route in self.routes), *partners]:
             if limiter is not None and not isinstance(limiter, self.kind):
                 raise TypeError(
@@ -209,16 +213,23 @@ class _TransportCore(Generic[L]):
 
     def plan(self, request: httpx.Request) -> _Plan[L] | None:
         """The limiter, key and cost of ``request``; None: it passes unthrottled."""
-        route = next((r for r in self.routes if r.matches(request)), None)
-        limiter, also = (route.limiter, route.also) if route else (self.limiter, self.also)
+        route: Route[L] | None = next((r for r in self.routes if r.matches(request)), None)
+        # A route's limiter, and its own also= before the transport's (which every
+        # request is charged to); else the transport's limiter.
+        limiter: L | None = self.limiter
+        also: tuple[AlsoSpec[L], ...] = tuple(self.also)
+        if route is not None:
+            limiter = route.limiter
+            also = tuple(route.also) + also
         if limiter is None:
             return None
         key = self.key(request)
+        cost = self.cost if isinstance(self.cost, int) else self.cost(request)
         return _Plan(
             limiter=limiter,
             key=key,
-            cost=self.cost if isinstance(self.cost, int) else self.cost(request),
-            also=tuple((other, key_of(request)) for other, key_of in also),
+            cost=cost,
+            also=tuple(_also_for(spec, request, cost) for spec in also),
             label=key_label(key, request),
             target=f"{request.method} {request.url.host}{request.url.path}",
             retryable=request.method in self.retry.methods
@@ -245,7 +256,11 @@ class _TransportCore(Generic[L]):
             response, now, wall = sent
             pause, retry = self.judge(plan, response, attempt, now=wall)
             if pause > 0:
+                # Which of the call's quotas the upstream meant, it does not say: every
+                # key of the call is paused (under-use at worst, never another refusal).
                 _, now = yield from limiter._pause_flow(plan.key, pause, now)
+                for other, other_key, _ in plan.also:
+                    _, now = yield from other._pause_flow(other_key, pause, now)
             if not retry or attempt == attempts:
                 return response
             logger.info(
@@ -298,14 +313,29 @@ class _TransportCore(Generic[L]):
         return feedback.pause or 0.0, feedback.refused and plan.retryable
 
 
-def _checked_also(also: Sequence[tuple[L, KeyFunc]]) -> tuple[tuple[L, KeyFunc], ...]:
-    pairs = tuple(also)
-    for pair in pairs:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and callable(pair[1])):
+def _checked_also(also: Sequence[AlsoSpec[L]]) -> tuple[AlsoSpec[L], ...]:
+    specs = tuple(also)
+    for spec in specs:
+        if not (
+            isinstance(spec, tuple)
+            and len(spec) in (2, 3)
+            and callable(spec[1])
+            and (len(spec) == 2 or isinstance(spec[2], int) or callable(spec[2]))
+        ):
             raise TypeError(
-                f"also= takes (limiter, key function of the request) pairs, not {pair!r}"
+                "also= takes (limiter, key function of the request) pairs, or triples with "
+                f"a cost (an int or a function of the request), not {spec!r}"
             )
-    return pairs
+    return specs
+
+
+def _also_for(spec: AlsoSpec[L], request: httpx.Request, cost: int) -> tuple[L, str, int]:
+    """One also= entry for ``request``: its limiter, key and cost (the request's own
+    unless the entry names one)."""
+    other, key_of, *rest = spec
+    if rest:
+        cost = rest[0] if isinstance(rest[0], int) else rest[0](request)
+    return other, key_of(request), cost
 
 
 def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +396,7 @@ class ThrottledTransport(httpx.BaseTransport):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
-        also: Sequence[tuple[Limiter, KeyFunc]] = (),
+        also: Sequence[AlsoSpec[Limiter]] = (),
     ) -> None:
         self._core = _TransportCore(
             Limiter, limiter, routes, key, cost, retry, acquire_timeout, also
@@ -412,7 +442,7 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
-        also: Sequence[tuple[AsyncLimiter, KeyFunc]] = (),
+        also: Sequence[AlsoSpec[AsyncLimiter]] = (),
     ) -> None:
         self._core = _TransportCore(
             AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also
@@ -462,7 +492,7 @@ class ThrottledClient(httpx.Client):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
-        also: Sequence[tuple[Limiter, KeyFunc]] = (),
+        also: Sequence[AlsoSpec[Limiter]] = (),
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -498,7 +528,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         cost: int | CostFunc = 1,
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
-        also: Sequence[tuple[AsyncLimiter, KeyFunc]] = (),
+        also: Sequence[AlsoSpec[AsyncLimiter]] = (),
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:

@@ -1,9 +1,10 @@
 """The backend contract: what a limiter asks of a store, and what comes back.
 
 Everything here is in whole microseconds and already carries the *hashed* store
-key: a backend never sees an access token. A store answers four operations
-(:class:`Acquire`, :class:`Inspect`, :class:`Pause`, :class:`Reset`) with exactly
-the semantics of docs/design.md §1, each in one atomic step. A blocking store
+key: a backend never sees an access token. A store answers five operations
+(:class:`Acquire`, :class:`AcquireAll` for several keys at once, :class:`Inspect`,
+:class:`Pause`, :class:`Reset`) with exactly the semantics of docs/design.md §1, each
+in one atomic step. A blocking store
 subclasses :class:`Backend` (``execute``/``close``), an asyncio one
 :class:`AsyncBackend` (``aexecute``/``aclose``): the two worlds have distinct
 method names, so a limiter tells them apart by type, never by inspecting methods.
