@@ -467,3 +467,16 @@ def test_a_refusal_pauses_every_key_of_the_request_and_routes_keep_the_transport
     assert usage.rates[0].used == 1  # the routed request was charged to the account too
     assert usage.paused_for == pytest.approx(5.0)  # and the 429 paused the account
     assert searched.paused_for == pytest.approx(5.0)  # as well as the route's own key
+
+
+def test_tags_that_differ_are_refused_on_every_store_once_one_key_is_tagged() -> None:
+    from throttle_client import Limiter
+
+    store = MemoryBackend()
+    tokens = Limiter(store, rates=["2/second"], namespace="token", tag=lambda t: "acct:" + t)
+    account = Limiter(store, rates=["3/second"], namespace="account", tag=lambda a: a)
+    with pytest.raises(ConfigurationError, match=r"different tags.*same key_secret"):
+        tokens.try_acquire("A", also=[(account, "A")])  # "acct:A" is not "A"
+    assert tokens.usage("A").rates[0].used == 0  # refused before anything was written
+    same = Limiter(store, rates=["3/second"], namespace="account", tag=lambda a: "acct:" + a)
+    assert tokens.try_acquire("A", also=[(same, "A")]).allowed

@@ -96,7 +96,17 @@ class _LimiterCore:
         raise NotImplementedError
 
     def _together(self, store_keys: list[str]) -> None:
-        """Refuse, before anything is sent, keys the store cannot decide in one step."""
+        """Refuse, before anything is sent, keys the store cannot decide in one step; and,
+        once any of them is tagged, keys whose tags differ, on every store, so that a
+        mistake shows in a test on memory rather than on a Cluster in production."""
+        tags = {key.partition("{")[2].partition("}")[0] for key in store_keys}
+        tagged = any(not key.endswith("}") for key in store_keys)  # "<ns>:{<tag>}<key>"
+        if tagged and len(tags) > 1:
+            raise ConfigurationError(
+                f"the keys of one call carry different tags (store keys {store_keys}): give "
+                "each limiter a tag= that names what they share, the same value for all, "
+                "and the same key_secret (the tag's digest depends on it)"
+            )
         _store_of(self._backend()).check_together(store_keys)
 
     def __init__(
