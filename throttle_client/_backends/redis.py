@@ -16,9 +16,8 @@ import hashlib
 import threading
 import warnings
 from collections.abc import Awaitable, Generator
-from dataclasses import dataclass
 from importlib import resources
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -147,9 +146,9 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
 _NOSCRIPT_TRIES = 3
 
 
-@dataclass(frozen=True)
-class _Command:
-    """A step of ``_script_flow``: one redis-py client method and its arguments."""
+class _Command(NamedTuple):
+    """A step of ``_script_flow``: one redis-py client method and its arguments (a tuple:
+    one is made for every decision)."""
 
     name: str  # evalsha, script_load, config_get
     args: tuple[Any, ...]
