@@ -480,3 +480,24 @@ def test_tags_that_differ_are_refused_on_every_store_once_one_key_is_tagged() ->
     assert tokens.usage("A").rates[0].used == 0  # refused before anything was written
     same = Limiter(store, rates=["3/second"], namespace="account", tag=lambda a: "acct:" + a)
     assert tokens.try_acquire("A", also=[(same, "A")]).allowed
+
+
+def test_a_repair_in_a_stacked_call_names_the_key_it_repaired(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import redis
+
+    from throttle_client import Limiter
+
+    with RedisBackend(redis_url) as store:
+        tokens = Limiter(store, rates=["5/second"], namespace="token")
+        account = Limiter(store, rates=["5/second"], namespace="account")
+        assert tokens.try_acquire("t", also=[(account, "a")])
+        admin = redis.Redis.from_url(redis_url)
+        admin.delete(redis_keys(account.store_key("a"))[0])  # the account's log is lost
+        admin.close()
+        with caplog.at_level("WARNING", logger="throttle_client"):
+            assert tokens.try_acquire("t", also=[(account, "a")])
+    (message,) = [r.getMessage() for r in caplog.records if "repaired" in r.getMessage()]
+    assert account.store_key("a") in message and tokens.store_key("t") not in message
+    assert "its log was lost" in message

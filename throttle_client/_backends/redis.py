@@ -128,6 +128,12 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         del words[0]
         if notice is not None:
             notice(op.key, part)
+    elif isinstance(op, AcquireAll) and words[0][:9] in (b"repaired:", "repaired:"):
+        # "repaired:<part>:<n>": the n-th key of the stacked call.
+        word = words.pop(0)
+        _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
+        if notice is not None:
+            notice(op.charges[int(index) - 1].key, part)
     values = [int(word) for word in words]
     if isinstance(op, (Acquire, AcquireAll)):
         allowed, now, slot, pause, *remaining = values

@@ -36,7 +36,8 @@
 --
 -- A part of the key that is lost (L or M) or unreadable (M) is rebuilt, conservatively,
 -- by whichever call finds it so (see "Partial state" below); that call's reply is led
--- by the word "repaired:log" or "repaired:meta", so that the client can say so.
+-- by the word "repaired:log" or "repaired:meta" (acquire_all: "repaired:log:2" names its
+-- second key), so that the client can say so.
 
 if redis.replicate_commands then
   redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
@@ -55,7 +56,8 @@ local function whole(value, low)
   if x and x % 1 == 0 and x >= low and x < 9007199254740992 then return x end
 end
 
-local repaired -- the part of a key this call rebuilt: 'log' or 'meta' (or nil)
+local repaired -- the part of a key this call rebuilt: 'log' or 'meta', ':' and which key in
+               -- an acquire_all (or nil)
 
 local function reply(values) -- integers, formatted with %d: never 1.7e+15
   for i = 1, #values do values[i] = format('%d', values[i]) end
@@ -124,7 +126,7 @@ end
 -- cannot read. Whatever is missing is rebuilt here, in this atomic step, so that the
 -- slot arithmetic never admits a call the lost state would have refused. A key of the
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
-local function open(log, meta, q)
+local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0}
   local fixed
   local state = redis.call('GET', meta)
@@ -167,7 +169,7 @@ local function open(log, meta, q)
     end
   end
   if fixed then
-    repaired = fixed
+    repaired = index and (fixed .. ':' .. index) or fixed
     save(k, math.max(now, k.last, k.pause) + q.horizon, true)
   end
   return k
@@ -258,7 +260,7 @@ if op == 'acquire_all' then
   end
   local keys, pause = {}, 0
   for i = 1, n do
-    keys[i] = open(KEYS[2 * i - 1], KEYS[2 * i], quotas[i])
+    keys[i] = open(KEYS[2 * i - 1], KEYS[2 * i], quotas[i], i)
     if keys[i].pause > pause then pause = keys[i].pause end
   end
   local function remaining_all(point, out)
