@@ -209,14 +209,9 @@ class _LimiterCore:
             charges.append(
                 Charge(other.store_key(other_key), other._quota, other._cost(other_cost))
             )
-        names = [charge.key for charge in charges]
-        if len(set(names)) < len(names):
-            raise ConfigurationError(
-                f"a call is charged to one key twice (store keys {names}): each limiter of "
-                "a stacked call needs its own key or namespace"
-            )
-        self._together(names)
-        return AcquireAll(tuple(charges), max_wait_us, _call_id(), now_us=self._at(now))
+        op = AcquireAll(tuple(charges), max_wait_us, _call_id(), now_us=self._at(now))
+        self._together([charge.key for charge in charges])
+        return op
 
     def _check_partner(self, other: object) -> None:
         """Another limiter a call is also charged to: of this world, on this store."""

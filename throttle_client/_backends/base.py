@@ -141,7 +141,10 @@ class AcquireAll(Op[Verdict]):
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]
         if not keys or len(set(keys)) != len(keys):
-            raise ValueError(f"a stacked acquire needs distinct keys, not {keys!r}")
+            raise ConfigurationError(
+                f"a call is charged to one key twice (store keys {keys}): a stacked call "
+                "needs distinct keys, so each of its limiters needs its own key or namespace"
+            )
 
     @property
     def key(self) -> str:  # type: ignore[override]

@@ -252,13 +252,13 @@ class RedisBackend(Backend):
             return self._runner
 
     def execute(self, op: Op[T]) -> T:
-        def perform(command: _Command) -> Any:
-            # Connecting a Cluster URL's client may fail too: the flow translates it.
-            runner = self._runner or self._connect()
-            return getattr(runner, command.name)(*command.args)
-
         with self._in_flight:
-            return run(_script_flow(op, self._memory_checked, self._repairs), perform)
+            return run(_script_flow(op, self._memory_checked, self._repairs), self._perform)
+
+    def _perform(self, command: _Command) -> Any:
+        # Connecting a Cluster URL's client may fail too: the flow translates it.
+        runner = self._runner or self._connect()
+        return getattr(runner, command.name)(*command.args)
 
     def close(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
@@ -312,14 +312,14 @@ class AsyncRedisBackend(AsyncBackend):
         self._memory_checked = threading.Lock()
 
     async def aexecute(self, op: Op[T]) -> T:
-        runner = self._runner
-
-        async def perform(command: _Command) -> Any:
-            # (redis-py types the sync and async clients' methods as one, before 8.0)
-            return await cast(Awaitable[Any], getattr(runner, command.name)(*command.args))
-
         async with self._in_flight:
-            return await arun(_script_flow(op, self._memory_checked, self._repairs), perform)
+            flow = _script_flow(op, self._memory_checked, self._repairs)
+            return await arun(flow, self._perform)
+
+    async def _perform(self, command: _Command) -> Any:
+        # (redis-py types the sync and async clients' methods as one, before 8.0)
+        method = getattr(self._runner, command.name)
+        return await cast(Awaitable[Any], method(*command.args))
 
     def check_together(self, store_keys: list[str]) -> None:
         if isinstance(self._runner, redis.asyncio.cluster.RedisCluster):
