@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import tenacity
 
-from ._backends.base import Acquire, AcquireAll, Inspect, Op, Pause, Quota, Verdict
+from ._backends.base import Acquire, AcquireAll, Inspect, Op, Pause, Quota, Release, Renew, Verdict
 from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
 
@@ -63,6 +63,8 @@ class LocalFallback:
         return Quota(
             limits=tuple((max(1, limit // n), period) for limit, period in quota.limits),
             min_interval_us=quota.min_interval_us * n,
+            max_concurrent=max(1, quota.max_concurrent // n) if quota.max_concurrent else 0,
+            lease_ttl_us=quota.lease_ttl_us,
         )
 
 
@@ -154,16 +156,23 @@ class FailureGuard:
         """What answers ``op`` instead of the store: raises BackendUnavailable where
         ``on_unavailable`` gives no answer (always for reset, and for a read under "allow")."""
         last = self.last_error
-        if self.fallback is not None and isinstance(op, (Acquire, AcquireAll, Inspect, Pause)):
+        if self.fallback is not None and isinstance(
+            op, (Acquire, AcquireAll, Inspect, Pause, Release, Renew)
+        ):
             assert isinstance(self.on_unavailable, LocalFallback)
             share = self.on_unavailable.share
-            if isinstance(op, AcquireAll):
+            if isinstance(op, (AcquireAll, Release, Renew)):
                 charges = tuple(dataclasses.replace(c, quota=share(c.quota)) for c in op.charges)
                 local = cast(Op[T], dataclasses.replace(op, charges=charges))
             else:
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))
             fallback = self.fallback
             return lambda: fallback.execute(local)
+        if isinstance(op, (Release, Renew)):
+            # Under "allow" a call held nothing; otherwise the store's lease expires by TTL.
+            kept = self.on_unavailable == "allow" if isinstance(op, Renew) else None
+            if self.on_unavailable == "allow":
+                return lambda: kept  # type: ignore[return-value]
         if self.on_unavailable == "allow" and isinstance(op, (Acquire, AcquireAll, Pause)):
             now = op.time_us()
             if isinstance(op, (Acquire, AcquireAll)):

@@ -93,5 +93,13 @@ class ReadClock(NamedTuple):
     """Result: the local time now (after a step that raised, which has no result)."""
 
 
-LimiterStep = Call | Sleep | ReadClock
+class AwaitGrant(NamedTuple):
+    """Wait up to ``seconds`` for the store to grant lease ``lease_id`` (its doorbell
+    rings). Result: ``(rang, local time after)``."""
+
+    lease_id: str
+    seconds: float
+
+
+LimiterStep = Call | Sleep | ReadClock | AwaitGrant
 Flow = Generator[Any, Any, R]

@@ -38,6 +38,8 @@ from ._backends.base import (
     Op,
     Pause,
     Quota,
+    Release,
+    Renew,
     Reset,
     Snapshot,
     ThreadedAsync,
@@ -45,9 +47,10 @@ from ._backends.base import (
 )
 from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
 from ._failure import FailureGuard, OnUnavailable, shrink
-from ._flow import Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
+from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
 from ._keys import check_namespace, hashed_key, resolve_secret
-from ._ranges import MAX_RATES, MAX_SECONDS
+from ._lease import AsyncLease, Lease, _Held
+from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, RateUsage, Usage
 from ._store_clock import DRIFT, StoreClock
@@ -67,6 +70,13 @@ DEFAULT_MARGIN = 0.025
 WARM_UP = 8
 # The most a real sleep ends early (timer granularity: uvloop rounds to milliseconds).
 EARLY = 0.005
+
+
+# How long a lease lives unless renewed (seconds): a worker killed with kill -9 frees its
+# slots within this; the living renew theirs every third of it (Redisson's watchdog
+# convention). The least allowed keeps renewals (and tests of crashes) sane.
+DEFAULT_LEASE_TTL = 30.0
+MIN_LEASE_TTL = 0.1
 
 
 def _seconds(us: int) -> float:
@@ -121,6 +131,8 @@ class _LimiterCore:
         clock: Callable[[], float] | None = None,
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
+        max_concurrent: int | None = None,
+        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not 1 <= len(listed) <= MAX_RATES:
@@ -154,9 +166,22 @@ class _LimiterCore:
         # there is no spacing to protect, and widening it would cap the rate at 1/margin.
         margin_us = round(slack * US)
         gap_us = round(gap * US)
+        cap = max_concurrent
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CONCURRENT
+        ):
+            raise ConfigurationError(
+                f"max_concurrent must be a whole number from 1 to {MAX_CONCURRENT}, or None, "
+                f"not {cap!r}"
+            )
+        self.max_concurrent = cap
+        ttl = bounded_seconds(lease_ttl, "lease_ttl", lowest=MIN_LEASE_TTL)
+        self.lease_ttl = ttl
         self._quota = Quota(
             limits=tuple((rate.limit, rate.period_us + margin_us) for rate in self.rates),
             min_interval_us=gap_us + margin_us if gap_us else 0,
+            max_concurrent=cap or 0,
+            lease_ttl_us=round(ttl * US) if cap else 0,
         )
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
@@ -190,9 +215,40 @@ class _LimiterCore:
         """An operation's time for local time ``now``: only with an injected clock."""
         return None if self._clock is None else round(now * US)
 
+    def _capped(self, also: Also) -> bool:
+        """Whether a call with these partners holds a lease: some limiter has a cap."""
+        # (A malformed entry is not judged here: _charges refuses it, saying why.)
+        return bool(self.max_concurrent) or any(
+            isinstance(entry, tuple) and getattr(entry[0], "max_concurrent", None)
+            for entry in also
+        )
+
+    def _charges(self, key: str, cost: int, also: Also) -> tuple[Charge, ...]:
+        """Each key the call is charged to, with its quota and its cost, checked."""
+        charges = [Charge(self.store_key(key), self._quota, self._cost(cost))]
+        for other, other_key, other_cost in (_also_entry(entry, cost) for entry in also):
+            self._check_partner(other)
+            charges.append(
+                Charge(other.store_key(other_key), other._quota, other._cost(other_cost))
+            )
+        return tuple(charges)
+
     def _acquire_op(
-        self, key: str, cost: int, max_wait_us: int, now: float, also: Also = ()
+        self,
+        key: str,
+        cost: int,
+        max_wait_us: int,
+        now: float,
+        also: Also = (),
+        lease_id: str = "",
     ) -> Acquire | AcquireAll:
+        if lease_id:  # a capped call: the store keeps its lease with its slot
+            charges = self._charges(key, cost, also)
+            if len(charges) > 1:
+                self._together([charge.key for charge in charges])
+            return AcquireAll(
+                charges, max_wait_us, _call_id(), now_us=self._at(now), lease_id=lease_id
+            )
         if not also:
             return Acquire(
                 key=self.store_key(key),
@@ -203,13 +259,8 @@ class _LimiterCore:
                 call_id=_call_id(),
                 now_us=self._at(now),
             )
-        charges = [Charge(self.store_key(key), self._quota, self._cost(cost))]
-        for other, other_key, other_cost in (_also_entry(entry, cost) for entry in also):
-            self._check_partner(other)
-            charges.append(
-                Charge(other.store_key(other_key), other._quota, other._cost(other_cost))
-            )
-        op = AcquireAll(tuple(charges), max_wait_us, _call_id(), now_us=self._at(now))
+        charges = self._charges(key, cost, also)
+        op = AcquireAll(charges, max_wait_us, _call_id(), now_us=self._at(now))
         self._together([charge.key for charge in charges])
         return op
 
@@ -264,6 +315,7 @@ class _LimiterCore:
         refusal: bool,
         recheck_pause: bool = False,
         also: Also = (),
+        lease_id: str = "",
     ) -> Flow[Decision]:
         """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
@@ -280,8 +332,11 @@ class _LimiterCore:
         ``also``: (limiter, key) pairs the call is charged to as well, in the same atomic
         step (a stacked call: the token and its account). The look for a pause reads
         this limiter's key only.
+
+        ``lease_id``: a capped call (a lease). A key that is full queues it in the store;
+        it waits for its grant (the doorbell) and asks again, as long as its wait allows.
         """
-        op = self._acquire_op(key, cost, max_wait_us, started, also)
+        op = self._acquire_op(key, cost, max_wait_us, started, also, lease_id)
         rates = self._rates_with(also) if also else None
         # Each limiter widened its windows by its own margin: a stacked call must arrive
         # within the narrowest of them.
@@ -291,6 +346,21 @@ class _LimiterCore:
             verdict, from_store, now = yield from self._execute_flow(op, sent)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
+            if verdict.waiting and isinstance(op, AcquireAll):
+                left = max_wait_us - round((now - started) * US)
+                if left > 0:
+                    # Queued behind a full cap: the grant's ring wakes it. Should a ring
+                    # be lost, it looks again now and then (which keeps its ticket alive),
+                    # and the head waiter when a lease could next expire on its own.
+                    wait = _poll_every(op)
+                    if verdict.head:
+                        wait = min(wait, max(0.001, _seconds(verdict.slot_us - verdict.now_us)))
+                    _, now = yield AwaitGrant(op.lease_id, min(wait, left / US))
+                    left = max(0, max_wait_us - round((now - started) * US))
+                    op = dataclasses.replace(op, max_wait_us=left, now_us=self._at(now))
+                    sent = now
+                    continue
+                verdict = dataclasses.replace(verdict, waiting=False)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups, rates=rates)
                 if refusal:
@@ -347,6 +417,41 @@ class _LimiterCore:
             lead = round(2 * (now - sent) * US) if answered_late else 0
             op, sent = self._rebook(op, max_wait_us, started, now, lead), now
 
+    def _new_call_id(self) -> str:
+        return _call_id()
+
+    def _lease_flow(
+        self,
+        key: str,
+        cost: int,
+        timeout: float | timedelta | None,
+        now: float,
+        *,
+        also: Also,
+        lease_id: str,
+        before_request: bool,
+    ) -> Flow[Decision]:
+        """A lease's admission: an acquire that, capped, waits its turn under the caps."""
+        if before_request:
+            return self._send_flow(key, cost, timeout, now, also, lease_id=lease_id)
+        return self._waiting_flow(key, cost, timeout, now, also=also, lease_id=lease_id)
+
+    def _end_flow(
+        self, charges: tuple[Charge, ...], lease_id: str, now: float, renew: bool
+    ) -> Flow[bool]:
+        """Renew a lease (False: it had been lost, and is held again) or release it."""
+        op = (Renew if renew else Release)(charges, lease_id, now_us=self._at(now))
+        kept, _, _ = yield from self._execute_flow(op, now)
+        return bool(kept) if renew else True
+
+    def _refuse_capped(self, also: Also, method: str) -> None:
+        if self._capped(also):
+            raise ConfigurationError(
+                f"{method}() admits a call but cannot know when it ends, and a limiter with "
+                "max_concurrent counts calls in flight: use `with limiter.lease(key):` (or "
+                "`async with`), the throttled transports or @throttled, which end the lease"
+            )
+
     def _waiting_flow(
         self,
         key: str,
@@ -356,11 +461,19 @@ class _LimiterCore:
         *,
         recheck_pause: bool = False,
         also: Also = (),
+        lease_id: str = "",
     ) -> Flow[Decision]:
         """The flow of an acquire (raising ThrottleTimeout), from local time ``now``."""
         wait = self._max_wait_us(timeout)
         return self._acquire_flow(
-            key, cost, wait, now, refusal=False, recheck_pause=recheck_pause, also=also
+            key,
+            cost,
+            wait,
+            now,
+            refusal=False,
+            recheck_pause=recheck_pause,
+            also=also,
+            lease_id=lease_id,
         )
 
     def _send_flow(
@@ -370,10 +483,13 @@ class _LimiterCore:
         timeout: float | timedelta | None,
         now: float,
         also: Also = (),
+        lease_id: str = "",
     ) -> Flow[Decision]:
         """acquire as the transports use it before each request: a call that slept looks
         for a pause first. (A subclass may wrap it, once for both worlds.)"""
-        return self._waiting_flow(key, cost, timeout, now, recheck_pause=True, also=also)
+        return self._waiting_flow(
+            key, cost, timeout, now, recheck_pause=True, also=also, lease_id=lease_id
+        )
 
     def _execute_flow(self, op: Op[T], now: float) -> Flow[tuple[T, bool, float]]:
         """Ask the store at local time ``now``, retrying what may pass; if it stays
@@ -563,6 +679,8 @@ class Limiter(_LimiterCore):
         sleep: Callable[[float], None] = time.sleep,
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
+        max_concurrent: int | None = None,
+        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
     ) -> None:
         if not isinstance(backend, (Backend, AsyncBackend)):
             backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
@@ -578,6 +696,8 @@ class Limiter(_LimiterCore):
             clock=clock,
             on_unavailable=on_unavailable,
             retry_for=retry_for,
+            max_concurrent=max_concurrent,
+            lease_ttl=lease_ttl,
         )
         self.backend = backend
         self._sleep = sleep
@@ -593,6 +713,14 @@ class Limiter(_LimiterCore):
             return self.backend.execute(step.op), self._local()
         if isinstance(step, Sleep):
             self._sleep(step.seconds)
+        elif isinstance(step, AwaitGrant):
+            bell = self.backend.doorbell.expect(step.lease_id)
+            # An injected clock moves only with the injected sleep: wait on that instead.
+            rang = bell.wait(step.seconds if self._clock is None else 0.0)
+            if not rang and self._clock is not None:
+                self._sleep(step.seconds)
+            bell.clear()
+            return rang, self._local()
         return self._local()  # after a Sleep, or for a ReadClock
 
     def try_acquire(
@@ -605,6 +733,7 @@ class Limiter(_LimiterCore):
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked.
         ``also``: as for :meth:`acquire`."""
+        self._refuse_capped(also, "try_acquire")
         flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True, also=also)
         return run(flow, self._perform)
 
@@ -630,8 +759,26 @@ class Limiter(_LimiterCore):
         whole call. The Decision's ``rates`` and ``remaining`` list this limiter's rates,
         then each other's.
         """
+        self._refuse_capped(also, "acquire")
         flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
         return run(flow, self._perform)
+
+    def lease(
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
+    ) -> Lease:
+        """A call held from its admission until the block ends: ``with limiter.lease(key)
+        as decision:``. Entering waits, as :meth:`acquire` does, for the call's slot and,
+        on a limiter with ``max_concurrent`` (or a partner in ``also`` with one), for room
+        under every cap, in arrival order; ``timeout`` bounds the whole wait
+        (ThrottleTimeout). Leaving ends the lease, and the next waiter goes at once.
+        ``timeout=0`` does not wait: a full cap raises ThrottleTimeout at once. Without a
+        cap it is an :meth:`acquire` whose end does nothing."""
+        return Lease(_Held(self, key, cost, timeout, also, before_request=False))
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
@@ -668,6 +815,8 @@ class AsyncLimiter(_LimiterCore):
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
+        max_concurrent: int | None = None,
+        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
     ) -> None:
         super().__init__(
             rates=rates,
@@ -679,6 +828,8 @@ class AsyncLimiter(_LimiterCore):
             clock=clock,
             on_unavailable=on_unavailable,
             retry_for=retry_for,
+            max_concurrent=max_concurrent,
+            lease_ttl=lease_ttl,
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
@@ -694,6 +845,13 @@ class AsyncLimiter(_LimiterCore):
             return await self.backend.aexecute(step.op), self._local()
         if isinstance(step, Sleep):
             await self._sleep(step.seconds)
+        elif isinstance(step, AwaitGrant):
+            bell = self.backend.doorbell.expect(step.lease_id)
+            rang = await bell.await_(step.seconds if self._clock is None else 0.0)
+            if not rang and self._clock is not None:
+                await self._sleep(step.seconds)
+            bell.clear()
+            return rang, self._local()
         return self._local()
 
     async def try_acquire(
@@ -705,6 +863,7 @@ class AsyncLimiter(_LimiterCore):
     ) -> Decision:
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked."""
+        self._refuse_capped(also, "try_acquire")
         flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True, also=also)
         return await arun(flow, self._perform)
 
@@ -721,8 +880,21 @@ class AsyncLimiter(_LimiterCore):
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
+        self._refuse_capped(also, "acquire")
         flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
         return await arun(flow, self._perform)
+
+    def lease(
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
+    ) -> AsyncLease:
+        """``async with limiter.lease(key) as decision:``; see :meth:`Limiter.lease`.
+        A task cancelled while it waits gives its place up."""
+        return AsyncLease(_Held(self, key, cost, timeout, also, before_request=False))
 
     async def usage(self, key: str) -> Usage:
         return await arun(self._usage_flow(key, self._local()), self._perform)
@@ -732,6 +904,13 @@ class AsyncLimiter(_LimiterCore):
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
+
+
+def _poll_every(op: AcquireAll) -> float:
+    """How often a queued waiter looks again unprompted: a third of its shortest lease
+    TTL, well before its ticket would die."""
+    ttls = [c.quota.lease_ttl_us for c in op.charges if c.quota.max_concurrent]
+    return _seconds(min(ttls)) / 3
 
 
 def _also_entry(entry: object, cost: int) -> tuple[_LimiterCore, str, int]:

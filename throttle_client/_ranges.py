@@ -28,3 +28,4 @@ MIN_PERIOD = 0.000_001  # one microsecond: the unit every store counts in
 MAX_SECONDS = 10 * 365.25 * 86400  # 10 years: 315,576,000 s
 MAX_US = round(MAX_SECONDS * 1_000_000)
 MAX_RATES = 16
+MAX_CONCURRENT = 2**20  # calls of one key in flight at once

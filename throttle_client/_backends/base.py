@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .._errors import ConfigurationError
+from .doorbell import Doorbell
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -45,6 +46,10 @@ class Quota:
 
     limits: tuple[tuple[int, int], ...]
     min_interval_us: int
+    # The most calls of the key in flight at once (0: no cap), and how long a lease lives
+    # unless its holder renews it (docs/design.md §1, "Concurrency caps").
+    max_concurrent: int = 0
+    lease_ttl_us: int = 0
 
     @property
     def horizon_us(self) -> int:
@@ -78,6 +83,11 @@ class Verdict:
     slot_us: int
     pause_until_us: int
     remaining: tuple[int, ...]
+    # A capped call that found a key full and was queued (``slot_us`` is then when to
+    # look again if nothing wakes it: the earliest a holder's lease can expire), and
+    # whether it heads every queue it is in.
+    waiting: bool = False
+    head: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,9 @@ class AcquireAll(Op[Verdict]):
     call_id: str
     now_us: int | None = None
     lead_us: int = 0
+    # The lease a capped call holds (or waits for) on its capped keys: the first call
+    # id of the call, kept when it books again (a late wake-up) so it never holds two.
+    lease_id: str = ""
 
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]
@@ -149,6 +162,36 @@ class AcquireAll(Op[Verdict]):
     @property
     def key(self) -> str:  # type: ignore[override]
         """The first key: where a retried call's id is looked for."""
+        return self.charges[0].key
+
+
+@dataclass(frozen=True)
+class Release(Op[None]):
+    """End lease ``lease_id`` on the capped keys of ``charges`` (held or still waited
+    for); the capacity it frees goes to the next waiters, in order. Idempotent: a lease
+    already released or expired frees nothing, least of all another's."""
+
+    charges: tuple[Charge, ...]
+    lease_id: str
+    now_us: int | None = None
+
+    @property
+    def key(self) -> str:  # type: ignore[override]
+        return self.charges[0].key
+
+
+@dataclass(frozen=True)
+class Renew(Op[bool]):
+    """Extend lease ``lease_id`` by each key's lease TTL. False if some key had lost
+    it (it expired, or the store lost it): it is held again, even over the cap, since
+    the call it stands for is in flight."""
+
+    charges: tuple[Charge, ...]
+    lease_id: str
+    now_us: int | None = None
+
+    @property
+    def key(self) -> str:  # type: ignore[override]
         return self.charges[0].key
 
 
@@ -231,6 +274,13 @@ class Backend(abc.ABC):
         nothing in it."""
         self.execute(_PING)
 
+    @functools.cached_property
+    def doorbell(self) -> Doorbell:
+        """How this process's waiters for a capped key hear that they were granted a
+        lease (see ``doorbell``). A store that never rings it still works: its waiters
+        look again on their own, later."""
+        return Doorbell()
+
     def check_together(self, store_keys: list[str]) -> None:  # noqa: B027 (most fit all)
         """Raise ConfigurationError if one atomic step cannot hold these keys (a Redis
         Cluster: keys in different hash slots). Every key fits by default."""
@@ -278,6 +328,11 @@ class AsyncBackend(abc.ABC):
         """As :meth:`Backend.ping`."""
         await self.aexecute(_PING)
 
+    @functools.cached_property
+    def doorbell(self) -> Doorbell:
+        """As :attr:`Backend.doorbell`."""
+        return Doorbell()
+
     def check_together(self, store_keys: list[str]) -> None:  # noqa: B027
         """As :meth:`Backend.check_together`."""
 
@@ -296,6 +351,10 @@ class InlineAsync(AsyncBackend):
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+
+    @property
+    def doorbell(self) -> Doorbell:
+        return self.backend.doorbell
 
     async def aexecute(self, op: Op[T]) -> T:
         return self.backend.execute(op)
@@ -320,6 +379,10 @@ class ThreadedAsync(AsyncBackend):
         self.backend = backend
         self._pools: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def doorbell(self) -> Doorbell:
+        return self.backend.doorbell
 
     def _pool(self, op: Op[Any]) -> ThreadPoolExecutor:
         with self._lock:

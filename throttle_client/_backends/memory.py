@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
-from . import sliding_log
-from .base import AcquireAll, Backend, InlineAsync, Op, host_clock
+from . import leases, sliding_log
+from .base import AcquireAll, Backend, InlineAsync, Op, Release, Renew, Reset, host_clock
 
 T = TypeVar("T")
 
@@ -81,6 +81,62 @@ class _MemoryLog:
         self.expires_at = max(self.expires_at, when)
 
 
+class _MemoryLeases:
+    """One capped key's holders and queue (``leases.LeaseView``)."""
+
+    __slots__ = ("holders", "newest", "queue")
+
+    def __init__(self) -> None:
+        self.holders: dict[str, int] = {}  # lease id -> expiry
+        self.queue: dict[str, tuple[int, int]] = {}  # lease id -> (number, alive until)
+        self.newest = 0
+
+    def prune(self, now: int) -> None:
+        for lease_id in [i for i, until in self.holders.items() if until <= now]:
+            del self.holders[lease_id]
+
+    def holding(self) -> int:
+        return len(self.holders)
+
+    def holds(self, lease_id: str) -> bool:
+        return lease_id in self.holders
+
+    def hold(self, lease_id: str, until: int) -> None:
+        self.holders[lease_id] = until
+
+    def unhold(self, lease_id: str) -> bool:
+        return self.holders.pop(lease_id, None) is not None
+
+    def earliest_expiry(self) -> int | None:
+        return min(self.holders.values(), default=None)
+
+    def head(self, now: int) -> str | None:
+        # Tickets are numbered in the order they are queued here, so the dict's order
+        # is the queue's.
+        while self.queue:
+            lease_id = next(iter(self.queue))
+            if self.queue[lease_id][1] > now:
+                return lease_id
+            del self.queue[lease_id]
+        return None
+
+    def queued(self, lease_id: str) -> bool:
+        return lease_id in self.queue
+
+    def newest_ticket(self) -> int:
+        return self.newest
+
+    def enqueue(self, lease_id: str, number: int, alive_until: int) -> None:
+        self.queue[lease_id] = (number, alive_until)
+        self.newest = max(self.newest, number)
+
+    def keep_alive(self, lease_id: str, alive_until: int) -> None:
+        self.queue[lease_id] = (self.queue[lease_id][0], alive_until)
+
+    def dequeue(self, lease_id: str) -> bool:
+        return self.queue.pop(lease_id, None) is not None
+
+
 class MemoryBackend(Backend):
     """Keeps logs in this process; safe under threads and asyncio tasks.
 
@@ -93,25 +149,56 @@ class MemoryBackend(Backend):
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = host_clock(clock, "MemoryBackend")
         self._logs: dict[str, _MemoryLog] = {}
+        self._leases: dict[str, _MemoryLeases] = {}
         self._lock = threading.Lock()
         self._ops = 0
 
     def execute(self, op: Op[T]) -> T:
+        granted: list[str] = []
         with self._lock:
             now = op.time_us(self._clock)
-            keys = [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
-            logs = [self._log(key, now) for key in keys]
-            if isinstance(op, AcquireAll):
-                result = cast(T, sliding_log.acquire_all(logs, op, now))
-            else:
-                result = sliding_log.execute(logs[0], op, now)
-            for key, log in zip(keys, logs, strict=True):
-                if not log.times and log.pause_until <= now and log.last is None:
-                    del self._logs[key]
+            result = self._run(op, now, granted)
             self._ops += 1
             if self._ops % _SWEEP_EVERY == 0:
                 self._sweep(now)
+        self.doorbell.ring(granted)  # the waiters this step granted a lease, if any
+        return result
+
+    def _run(self, op: Op[T], now: int, granted: list[str]) -> T:
+        if isinstance(op, (Release, Renew)):
+            keys = [op.charges[i].key for i in leases.capped(op.charges)]
+            held = [self._leases.setdefault(key, _MemoryLeases()) for key in keys]
+            if isinstance(op, Release):
+                leases.release(held, op, now, granted)
+                result = cast(T, None)
+            else:
+                result = cast(T, leases.renew(held, op, now, granted))
+            self._drop_idle(keys, held)
             return result
+        keys = [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
+        logs = [self._log(key, now) for key in keys]
+        if isinstance(op, AcquireAll) and op.lease_id:
+            views: list[_MemoryLeases | None] = [
+                self._leases.setdefault(c.key, _MemoryLeases()) if c.quota.max_concurrent else None
+                for c in op.charges
+            ]
+            result = cast(T, leases.acquire(logs, views, op, now, granted))
+            self._drop_idle(keys, views)
+        elif isinstance(op, AcquireAll):
+            result = cast(T, sliding_log.acquire_all(logs, op, now))
+        else:
+            result = sliding_log.execute(logs[0], op, now)
+            if isinstance(op, Reset):
+                self._leases.pop(op.key, None)
+        for key, log in zip(keys, logs, strict=True):
+            if not log.times and log.pause_until <= now and log.last is None:
+                del self._logs[key]
+        return result
+
+    def _drop_idle(self, keys: list[str], views: Sequence[_MemoryLeases | None]) -> None:
+        for key, view in zip(keys, views, strict=True):
+            if view is not None and not view.holders and not view.queue:
+                self._leases.pop(key, None)
 
     def _log(self, key: str, now: int) -> _MemoryLog:
         log = self._logs.get(key)
@@ -122,6 +209,11 @@ class MemoryBackend(Backend):
     def _sweep(self, now: int) -> None:
         for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
             del self._logs[key]
+        for key, view in list(self._leases.items()):
+            view.prune(now)
+            view.head(now)
+            if not view.holders and not view.queue:
+                del self._leases[key]
 
     def to_async(self) -> InlineAsync:
         """What AsyncLimiter uses: the same store, called inline (it never blocks)."""

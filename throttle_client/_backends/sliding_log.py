@@ -121,7 +121,7 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     pause_until = max(log.pause_until for log in logs)
     booked = logs[0].slot_of(op.call_id)
     if booked is not None:  # the same call again: it holds its slot in every log
-        return Verdict(True, now, booked, pause_until, _remaining_all(logs, charges, booked))
+        return Verdict(True, now, booked, pause_until, remaining_all(logs, charges, booked))
     # Past a log's newest slot a window only loses entries as time goes on: the latest
     # of the keys' earliest slots is the earliest that suits them all.
     slot = max(
@@ -129,15 +129,15 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
         *(earliest_slot(log, c.quota, now, c.cost) for log, c in zip(logs, charges, strict=True)),
     )
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
-        return Verdict(False, now, slot, pause_until, _remaining_all(logs, charges, now))
+        return Verdict(False, now, slot, pause_until, remaining_all(logs, charges, now))
     for log, charge in zip(logs, charges, strict=True):
         log.append(slot, charge.cost, op.call_id)
         log.trim(now - charge.quota.longest_period_us)
         log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
-    return Verdict(True, now, slot, pause_until, _remaining_all(logs, charges, slot))
+    return Verdict(True, now, slot, pause_until, remaining_all(logs, charges, slot))
 
 
-def _remaining_all(
+def remaining_all(
     logs: Sequence[LogView], charges: Sequence[Charge], point: int
 ) -> tuple[int, ...]:
     return tuple(

@@ -140,13 +140,13 @@ class _WatchedLimiter(Limiter):
     deadline = math.inf
 
     def _send_flow(
-        self, key: str, cost: int, timeout: Any, now: float, also: Any = ()
+        self, key: str, cost: int, timeout: Any, now: float, also: Any = (), lease_id: str = ""
     ) -> Generator[Any, Any, Decision]:
         """What ThrottledTransport runs before each request, wrapped. (The library's one
         private hook the demo uses: the events of issue 12 will make it public.)"""
         if key not in self.numbers:
             return (
-                yield from super()._send_flow(key, cost, timeout, now, also)
+                yield from super()._send_flow(key, cost, timeout, now, also, lease_id)
             )  # a warm-up request
         # A slot past the end would stretch the run: with 1/second, two crawlers of one
         # token and --duration 0.5, the second would book 1 s, the first then 2 s.
@@ -156,7 +156,7 @@ class _WatchedLimiter(Limiter):
         with self.counters.get_lock():
             self.counters[base + _WAITING] += 1
         try:
-            decision = yield from super()._send_flow(key, cost, timeout, now, also)
+            decision = yield from super()._send_flow(key, cost, timeout, now, also, lease_id)
         finally:
             with self.counters.get_lock():
                 self.counters[base + _WAITING] -= 1

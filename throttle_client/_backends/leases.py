@@ -1,0 +1,162 @@
+"""Concurrency caps: leases and their FIFO queue, written once over a small storage view.
+
+docs/design.md §1 ("Concurrency caps"). A capped key keeps, beside its log:
+
+- its **holders**: lease id -> expiry (µs). A lease is held from admission until its
+  call ends (released) or, if its holder stops renewing it (a worker killed with
+  ``kill -9``), until it expires. Holders are kept by id, never only counted, so a
+  release of a lease that is gone (released before, or expired) frees nothing, least
+  of all another's;
+- its **queue**: lease id -> (ticket number, alive until). A call that finds the key
+  full and may wait takes a ticket; tickets are served in number order (FIFO). A
+  waiter keeps its ticket alive by asking again now and then; one that stops (killed)
+  drops out when its ticket's time is up.
+
+Every operation first *settles* each capped key it touches: expired holders and dead
+tickets go, and the freed capacity is handed to the head tickets, in order, as leases
+(a **grant**). The store names the leases it granted, so that their waiters are woken
+(``doorbell``). A granted waiter asks once more and is admitted: its lease is held for
+it, and its rate slot is booked then, with every other key's.
+
+A call charged to several keys is admitted when every capped key lets it hold a lease
+and the rates allow its slot, all in one step. While some key is full it holds the
+free ones (it was served there) and waits in order at the full ones, under one ticket
+number, larger than any ticket already queued at any of its keys: so two waiters are in
+the same order at every key they share, and none can wait on another that waits on it.
+
+The memory and SQLite stores run this module; the Redis script mirrors it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from . import sliding_log
+from .base import AcquireAll, Charge, Release, Renew, Verdict
+
+
+class LeaseView(Protocol):
+    """One capped key's holders and queue inside one atomic step of a store."""
+
+    def prune(self, now: int) -> None:
+        """Drop holders whose lease expired at or before ``now``."""
+
+    def holding(self) -> int:
+        """How many leases are held."""
+
+    def holds(self, lease_id: str) -> bool: ...
+
+    def hold(self, lease_id: str, until: int) -> None:
+        """Hold (or renew) ``lease_id`` until ``until``."""
+
+    def unhold(self, lease_id: str) -> bool:
+        """Drop ``lease_id``'s lease; whether it was held."""
+
+    def earliest_expiry(self) -> int | None: ...
+
+    def head(self, now: int) -> str | None:
+        """The lease id of the first live ticket, if any; dead ones before it are dropped
+        (only the head's life matters: a dead ticket further back waits its turn to go)."""
+
+    def queued(self, lease_id: str) -> bool: ...
+
+    def newest_ticket(self) -> int:
+        """The largest ticket number queued (0: none)."""
+
+    def enqueue(self, lease_id: str, number: int, alive_until: int) -> None:
+        """Queue a new ticket."""
+
+    def keep_alive(self, lease_id: str, alive_until: int) -> None:
+        """A queued ticket lives on until ``alive_until`` (its number is kept)."""
+
+    def dequeue(self, lease_id: str) -> bool: ...
+
+
+def capped(charges: Sequence[Charge]) -> list[int]:
+    """The places of the charges whose quota has a cap."""
+    return [i for i, charge in enumerate(charges) if charge.quota.max_concurrent]
+
+
+def settle(view: LeaseView, charge: Charge, now: int, granted: list[str]) -> None:
+    """Expired holders and dead tickets go; free capacity goes to the head tickets."""
+    view.prune(now)
+    quota = charge.quota
+    while view.holding() < quota.max_concurrent:
+        head = view.head(now)
+        if head is None:
+            return
+        view.dequeue(head)
+        view.hold(head, now + quota.lease_ttl_us)
+        granted.append(head)
+
+
+def acquire(
+    logs: Sequence[sliding_log.LogView],
+    views: Sequence[LeaseView | None],
+    op: AcquireAll,
+    now: int,
+    granted: list[str],
+) -> Verdict:
+    """A capped :class:`AcquireAll`: ``views[i]`` is the lease view of charge i (None if
+    uncapped). ``granted`` collects the leases this step granted to other waiters."""
+    lease = op.lease_id
+    pairs = [(view, charge) for view, charge in zip(views, op.charges, strict=True) if view]
+    for view, charge in pairs:
+        settle(view, charge, now, granted)
+    full = {
+        id(view)
+        for view, charge in pairs
+        if not view.holds(lease)
+        and not (view.holding() < charge.quota.max_concurrent and view.head(now) in (None, lease))
+    }
+    if not full:
+        verdict = sliding_log.acquire_all(logs, op, now)
+        if verdict.allowed:
+            for view, charge in pairs:
+                view.dequeue(lease)
+                view.hold(lease, now + charge.quota.lease_ttl_us)
+        return verdict
+    # Some key is full: the earliest a lease there can end on its own is when to look
+    # again, should no grant's ring come.
+    blocked = [view for view, _ in pairs if id(view) in full]
+    expiries = [e for view in blocked if (e := view.earliest_expiry()) is not None]
+    hint = min(expiries, default=now)
+    pause = max(log.pause_until for log in logs)
+    remaining = sliding_log.remaining_all(logs, op.charges, now)
+    if op.max_wait_us == 0:  # try: refused, and nothing of it is written
+        return Verdict(False, now, hint, pause, remaining)
+    number = 1 + max(view.newest_ticket() for view, _ in pairs)
+    for view, charge in pairs:
+        alive = now + charge.quota.lease_ttl_us
+        if id(view) not in full:
+            view.dequeue(lease)
+            view.hold(lease, alive)  # served here: held for it while it waits elsewhere
+        elif view.queued(lease):
+            view.keep_alive(lease, alive)
+        else:
+            view.enqueue(lease, number, alive)
+    head = all(view.head(now) == lease for view in blocked)
+    return Verdict(False, now, hint, pause, remaining, waiting=True, head=head)
+
+
+def release(views: Sequence[LeaseView], op: Release, now: int, granted: list[str]) -> None:
+    """End a lease on every capped key (held, or still queued for): ``views[i]`` is
+    the lease view of ``capped(op.charges)[i]``."""
+    for view, i in zip(views, capped(op.charges), strict=True):
+        view.unhold(op.lease_id)
+        view.dequeue(op.lease_id)
+        settle(view, op.charges[i], now, granted)
+
+
+def renew(views: Sequence[LeaseView], op: Renew, now: int, granted: list[str]) -> bool:
+    """Extend a held lease; False if some key had lost it (it is held again)."""
+    kept = True
+    for view, i in zip(views, capped(op.charges), strict=True):
+        charge = op.charges[i]
+        settle(view, charge, now, granted)
+        if not view.holds(op.lease_id):
+            kept = False  # in flight all the same: count it, even over the cap
+            view.dequeue(op.lease_id)
+        view.hold(op.lease_id, now + charge.quota.lease_ttl_us)
+    return kept

@@ -1,0 +1,285 @@
+"""Leases: a capped call's hold on its keys, from its admission until the call ends.
+
+``Limiter.lease(key)`` gives a :class:`Lease`, ``AsyncLimiter.lease(key)`` an
+:class:`AsyncLease`. Entering one waits for the call's turn (its rates, its gap, and
+room under every cap, in one atomic step, in arrival order), leaving it ends the
+lease, and the store hands the freed room to the next waiter at once. Meanwhile the
+lease is renewed every third of its TTL, so that only a holder that died (``kill -9``)
+or lost its store lets its lease expire. A lease nobody holds any more (collected,
+never released) is no longer renewed: it expires within its TTL.
+
+The flows (acquire and wait, renew, release) are the limiter's, written once; these
+classes only run them, in their world, and keep the renewals going: one thread per
+process for every blocking lease, one task per asyncio lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ._backends.base import Charge
+from ._errors import BackendError, BackendUnavailable
+from ._flow import arun, run
+from ._results import Decision
+
+if TYPE_CHECKING:
+    from ._limiter import AsyncLimiter, Limiter, _LimiterCore
+
+log = logging.getLogger("throttle_client")
+
+
+class _Held:
+    """What a lease is, either world: its keys and its id, once entered."""
+
+    def __init__(
+        self,
+        limiter: _LimiterCore,
+        key: str,
+        cost: int,
+        timeout: float | timedelta | None,
+        also: Sequence[Any],
+        before_request: bool,
+    ) -> None:
+        self.limiter = limiter
+        self.key, self.cost, self.timeout, self.also = key, cost, timeout, tuple(also)
+        self.before_request = before_request  # the transports: look for a pause after a sleep
+        self.charges: tuple[Charge, ...] = ()
+        self.lease_id = ""  # "": the call has no cap, so nothing is held
+        self.decision: Decision | None = None
+        self.ended = False
+        self.lost_warned = False
+
+    def begin(self) -> None:
+        limiter = self.limiter
+        if limiter._capped(self.also):
+            self.charges = limiter._charges(self.key, self.cost, self.also)
+            doorbell = limiter._backend().doorbell
+            self.lease_id = doorbell.lease_id(limiter._new_call_id())
+            doorbell.expect(self.lease_id)  # before the call that may queue it
+
+    def flow(self) -> Any:
+        limiter = self.limiter
+        return limiter._lease_flow(
+            self.key,
+            self.cost,
+            self.timeout,
+            limiter._local(),
+            also=self.also,
+            lease_id=self.lease_id,
+            before_request=self.before_request,
+        )
+
+    def done_waiting(self) -> None:
+        if self.lease_id:
+            self.limiter._backend().doorbell.forget(self.lease_id)
+
+    def end_flow(self, renew: bool) -> Any:
+        return self.limiter._end_flow(self.charges, self.lease_id, self.limiter._local(), renew)
+
+    def renewed(self, kept: bool) -> None:
+        if not kept and not self.lost_warned:
+            self.lost_warned = True
+            log.warning(
+                "throttle_client: a lease on %s had expired in the store before it was "
+                "renewed (a stall longer than lease_ttl=%gs, or a store that lost it); it "
+                "is held again, possibly over the cap for a while",
+                self.charges[0].key,
+                self.limiter.lease_ttl,
+            )
+
+    @property
+    def every(self) -> float:
+        """Seconds between renewals: a third of the shortest TTL among its keys."""
+        return min(c.quota.lease_ttl_us for c in self.charges if c.quota.max_concurrent) / 3e6
+
+
+def _ending_failed(held: _Held, what: str, exc: Exception) -> None:
+    # Never raised into the caller's code: a lease that cannot be ended or renewed
+    # expires on its own, within its TTL.
+    unavailable = isinstance(exc, BackendUnavailable) or not isinstance(exc, BackendError)
+    level = logging.INFO if unavailable else logging.ERROR
+    log.log(level, "throttle_client: could not %s a lease (%s); it expires on its own", what, exc)
+
+
+class Lease:
+    """A blocking lease: ``with limiter.lease(key) as decision:``. See the module."""
+
+    def __init__(self, held: _Held) -> None:
+        self._held = held
+
+    @property
+    def decision(self) -> Decision | None:
+        """The admission's Decision, once entered."""
+        return self._held.decision
+
+    def __enter__(self) -> Decision:
+        held = self._held
+        limiter: Limiter = held.limiter  # type: ignore[assignment]
+        held.begin()
+        try:
+            held.decision = run(held.flow(), limiter._perform)
+        except BaseException:
+            self.release()  # a queued ticket or a granted lease must not linger
+            raise
+        finally:
+            held.done_waiting()
+        if held.lease_id:
+            _KEEPER.add(self)
+        return held.decision
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """End the lease (idempotent); the next waiter is admitted at once."""
+        held = self._held
+        if held.ended:
+            return
+        held.ended = True
+        if held.lease_id:
+            limiter: Limiter = held.limiter  # type: ignore[assignment]
+            try:
+                run(held.end_flow(renew=False), limiter._perform)
+            except Exception as exc:
+                _ending_failed(held, "release", exc)
+
+    def _renew(self) -> None:
+        held = self._held
+        if held.ended:
+            return
+        limiter: Limiter = held.limiter  # type: ignore[assignment]
+        try:
+            held.renewed(run(held.end_flow(renew=True), limiter._perform))
+        except Exception as exc:
+            _ending_failed(held, "renew", exc)
+
+
+class AsyncLease:
+    """An asyncio lease: ``async with limiter.lease(key) as decision:``. See the module."""
+
+    def __init__(self, held: _Held) -> None:
+        self._held = held
+        self._renewal: asyncio.Task[None] | None = None
+
+    @property
+    def decision(self) -> Decision | None:
+        return self._held.decision
+
+    async def __aenter__(self) -> Decision:
+        held = self._held
+        limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+        held.begin()
+        try:
+            held.decision = await arun(held.flow(), limiter._perform)
+        except BaseException:
+            await asyncio.shield(self.release())
+            raise
+        finally:
+            held.done_waiting()
+        if held.lease_id:
+            self._renewal = asyncio.get_running_loop().create_task(
+                _renew_every(weakref.ref(self), held.every)
+            )
+        return held.decision  # type: ignore[return-value]
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
+
+    async def release(self) -> None:
+        """End the lease (idempotent); the next waiter is admitted at once."""
+        held = self._held
+        if held.ended:
+            return
+        held.ended = True
+        if self._renewal is not None:
+            self._renewal.cancel()
+        if held.lease_id:
+            limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+            try:
+                await arun(held.end_flow(renew=False), limiter._perform)
+            except Exception as exc:
+                _ending_failed(held, "release", exc)
+
+    async def _renew(self) -> None:
+        held = self._held
+        limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+        try:
+            held.renewed(await arun(held.end_flow(renew=True), limiter._perform))
+        except Exception as exc:
+            _ending_failed(held, "renew", exc)
+
+
+async def _renew_every(lease: weakref.ref[AsyncLease], every: float) -> None:
+    """Renew an asyncio lease until it ends, or nobody holds it any more."""
+    while True:
+        await asyncio.sleep(every)
+        held = lease()
+        if held is None or held._held.ended:
+            return
+        await held._renew()
+        del held  # not kept across the sleep: a lease dropped meanwhile is let go
+
+
+class _Keeper:
+    """One thread per process renews every blocking lease, each every third of its TTL.
+    It holds them weakly: a lease dropped without being released stops being renewed."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._pid = 0
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, weakref.ref[Lease], float]] = []
+        self._order = itertools.count()
+
+    def add(self, lease: Lease) -> None:
+        every = lease._held.every
+        with self._cond:
+            if self._pid != os.getpid():  # the first lease, or the first after a fork
+                self._pid, self._due = os.getpid(), []
+                thread = threading.Thread(target=self._run, name="throttle-client-leases")
+                thread.daemon = True
+                thread.start()
+            heapq.heappush(
+                self._due, (time.monotonic() + every, next(self._order), weakref.ref(lease), every)
+            )
+            self._cond.notify()
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while True:
+            with self._cond:
+                if self._pid != pid:
+                    return
+                if not self._due:
+                    self._cond.wait()
+                    continue
+                due, _, ref, every = self._due[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._due)
+            lease = ref()
+            if lease is None or lease._held.ended:
+                continue
+            lease._renew()
+            with self._cond:
+                heapq.heappush(self._due, (time.monotonic() + every, next(self._order), ref, every))
+            del lease
+
+
+_KEEPER = _Keeper()
+if hasattr(os, "register_at_fork"):  # the parent's thread and lock did not cross the fork
+    os.register_at_fork(after_in_child=_KEEPER.reset)
