@@ -12,6 +12,7 @@ All times are whole microseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -173,3 +174,96 @@ class StackedModel:
         for _, log, cost in logs:
             log.entries.append((slot, cost))
         return True, slot
+
+
+@dataclass
+class CapModel:
+    """Concurrency caps as a list of holders and a list of tickets per key, done the
+    plainest way (docs/design.md §1, "Concurrency caps"); rates and gaps come from a
+    :class:`StackedModel`. A call is admitted when it holds, or may take, room under
+    every cap and the rates allow its slot; else it waits in ticket order, or, if it
+    may not wait, is refused with nothing written."""
+
+    rates: StackedModel
+    caps: dict[str, tuple[int, int]]  # key -> (cap, ttl); a key without one is uncapped
+    holders: dict[str, dict[str, int]] = field(default_factory=dict)  # key -> id -> expiry
+    tickets: dict[str, list[list[Any]]] = field(default_factory=dict)  # [number, id, alive]
+
+    def _settle(self, key: str, now: int, granted: list[str]) -> None:
+        cap, ttl = self.caps[key]
+        held = self.holders.setdefault(key, {})
+        for lease in [i for i, expiry in held.items() if expiry <= now]:
+            del held[lease]
+        while len(held) < cap and (first := self._head(key, now)) is not None:
+            self._drop_ticket(key, first)
+            held[first] = now + ttl
+            granted.append(first)
+
+    def _head(self, key: str, now: int) -> str | None:
+        queue = self.tickets.setdefault(key, [])
+        while queue and queue[0][2] <= now:  # dead tickets go when they reach the front
+            queue.pop(0)
+        return queue[0][1] if queue else None
+
+    def _drop_ticket(self, key: str, lease: str) -> None:
+        self.tickets[key] = [t for t in self.tickets.setdefault(key, []) if t[1] != lease]
+
+    def acquire(
+        self, lease: str, charges: list[tuple[str, int]], now: int, max_wait: int | None
+    ) -> tuple[str, int, bool, list[str]]:
+        """(``admitted`` | ``refused`` | ``waiting``, slot or hint, at the head, granted)."""
+        granted: list[str] = []
+        capped = [key for key, _ in charges if key in self.caps]
+        for key in capped:
+            self._settle(key, now, granted)
+        full = [
+            key
+            for key in capped
+            if lease not in self.holders[key]
+            and not (
+                len(self.holders[key]) < self.caps[key][0] and self._head(key, now) in (None, lease)
+            )
+        ]
+        if not full:
+            allowed, slot = self.rates.acquire_all(charges, now, max_wait)
+            if allowed:
+                for key in capped:
+                    self._drop_ticket(key, lease)
+                    self.holders[key][lease] = now + self.caps[key][1]
+            return ("admitted" if allowed else "refused"), slot, False, granted
+        hint = min((e for key in full for e in self.holders[key].values()), default=now)
+        if max_wait == 0:
+            return "refused", hint, False, granted
+        number = 1 + max((t[0] for key in capped for t in self.tickets[key]), default=0)
+        for key in capped:
+            alive = now + self.caps[key][1]
+            if key not in full:
+                self._drop_ticket(key, lease)
+                self.holders[key][lease] = alive
+            else:
+                mine = [t for t in self.tickets[key] if t[1] == lease]
+                if mine:
+                    mine[0][2] = alive
+                else:
+                    self.tickets[key].append([number, lease, alive])
+        head = all(self._head(key, now) == lease for key in full)
+        return "waiting", hint, head, granted
+
+    def release(self, lease: str, keys: list[str], now: int) -> list[str]:
+        granted: list[str] = []
+        for key in keys:
+            self.holders.setdefault(key, {}).pop(lease, None)
+            self._drop_ticket(key, lease)
+            self._settle(key, now, granted)
+        return granted
+
+    def renew(self, lease: str, keys: list[str], now: int) -> tuple[bool, list[str]]:
+        granted: list[str] = []
+        kept = True
+        for key in keys:
+            self._settle(key, now, granted)
+            if lease not in self.holders[key]:
+                kept = False
+                self._drop_ticket(key, lease)
+            self.holders[key][lease] = now + self.caps[key][1]
+        return kept, granted

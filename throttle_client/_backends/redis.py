@@ -37,6 +37,8 @@ from .base import (
     Op,
     Pause,
     Quota,
+    Release,
+    Renew,
     Reset,
     Snapshot,
     Verdict,
@@ -53,6 +55,7 @@ from .redis_clients import (
     sync_from_url,
     warn_if_evicting,
 )
+from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
 from .sliding_log import RepairNotice
 
@@ -69,6 +72,13 @@ def redis_keys(key: str) -> tuple[bytes, bytes]:
     """The Redis keys of one store key: its log (a sorted set) and its meta (a string)."""
     prefix = f"tc:{key}:".encode()
     return prefix + b"log", prefix + b"meta"
+
+
+@functools.lru_cache(maxsize=4096)
+def lease_keys(key: str) -> tuple[bytes, bytes, bytes]:
+    """A capped key's lease keys: its holders, its queue, and its tickets' lives."""
+    prefix = f"tc:{key}:".encode()
+    return prefix + b"hold", prefix + b"queue", prefix + b"alive"
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,8 +101,22 @@ def quota_arg(quota: Quota) -> bytes:
 def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
     if isinstance(op, Reset):
-        return redis_keys(op.key), (b"reset",)
+        return redis_keys(op.key) + lease_keys(op.key), (b"reset",)
     now = b"-" if op.now_us is None else b"%d" % op.now_us
+    if isinstance(op, (Release, Renew)):
+        capped = [c for c in op.charges if c.quota.max_concurrent]
+        keys = tuple(name for c in capped for name in lease_keys(c.key))
+        caps = tuple(arg for c in capped for arg in _cap_args(c.quota))
+        verb = b"release" if isinstance(op, Release) else b"renew"
+        return keys, (verb, b"-", now, op.lease_id, *caps)
+    if isinstance(op, AcquireAll) and op.lease_id:
+        keys = ()
+        per_key: tuple[bytes | str, ...] = ()
+        for c in op.charges:
+            keys += redis_keys(c.key) + (lease_keys(c.key) if c.quota.max_concurrent else ())
+            per_key += (quota_arg(c.quota), b"%d" % c.cost, *_cap_args(c.quota))
+        wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
+        return keys, (b"lease", b"-", now, wait, op.call_id, lead, op.lease_id, *per_key)
     if isinstance(op, AcquireAll):
         keys = tuple(name for charge in op.charges for name in redis_keys(charge.key))
         per_key = tuple(arg for c in op.charges for arg in (quota_arg(c.quota), b"%d" % c.cost))
@@ -109,6 +133,10 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     if isinstance(op, Pause):
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
     return keys, (b"inspect", quota, now)
+
+
+def _cap_args(quota: Quota) -> tuple[bytes, bytes]:
+    return b"%d" % quota.max_concurrent, b"%d" % quota.lease_ttl_us
 
 
 # The word that leads a reply when the script rebuilt a lost part of the key (bytes, or
@@ -136,8 +164,13 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
             notice(op.charges[int(index) - 1].key, part)
     values = [int(word) for word in words]
     if isinstance(op, (Acquire, AcquireAll)):
+        # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head.
         allowed, now, slot, pause, *remaining = values
-        return cast(T, Verdict(bool(allowed), now, slot, pause, tuple(remaining)))
+        waiting, head = allowed >= 2, allowed == 3
+        verdict = Verdict(allowed == 1, now, slot, pause, tuple(remaining), waiting, head)
+        return cast(T, verdict)
+    if isinstance(op, Renew):
+        return cast(T, bool(values[0]))
     if isinstance(op, Inspect):
         now, next_slot, pause, booked, *per_rate = values
         used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
@@ -260,8 +293,14 @@ class RedisBackend(Backend):
         runner = self._runner or self._connect()
         return getattr(runner, command.name)(*command.args)
 
+    @functools.cached_property
+    def doorbell(self) -> RedisDoorbell:
+        return RedisDoorbell(lambda: subscriber_clients(self._runner or self._connect()))
+
     def close(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
+        if "doorbell" in self.__dict__:
+            self.doorbell.close()
         runner = self._runner
         if runner is not None and self._owned:
             runner.close()
@@ -334,8 +373,14 @@ class AsyncRedisBackend(AsyncBackend):
         )
         return await self.aexecute(op)
 
+    @functools.cached_property
+    def doorbell(self) -> RedisDoorbell:
+        return RedisDoorbell(lambda: subscriber_clients(self._runner))
+
     async def aclose(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
+        if "doorbell" in self.__dict__:
+            self.doorbell.close()
         if self._owned:
             # redis-py 5.0.0, the oldest allowed, has close() only; aclose() came in 5.0.1.
             close = getattr(self._runner, "aclose", None) or self._runner.close

@@ -12,7 +12,8 @@
 --            costs; -1 for no entry). L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
--- ARGV[1] the operation: acquire | inspect | pause | reset | acquire_all
+-- ARGV[1] the operation: acquire | inspect | pause | reset | acquire_all | lease | release
+--         | renew (the last three: concurrency caps, see "Concurrency caps" below)
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
@@ -67,7 +68,7 @@ end
 
 local op = ARGV[1]
 if op == 'reset' then
-  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('DEL', unpack(KEYS)) -- the log, the meta, and a capped key's lease keys
   return '1'
 end
 
@@ -239,28 +240,133 @@ local function book(k, slot, cost, id)
   return true
 end
 
-if op == 'acquire_all' then
+-- Concurrency caps (leases.py, step for step). A capped key has three more keys:
+--   H, its holders: zset lease id -> expiry (µs);  Q, its queue: zset lease id -> ticket
+--   number;  A: zset lease id -> when its ticket dies unless its waiter asks again.
+-- A grant is published to the waiter's process channel, tc:w:<the id up to its '.'>.
+local function lease_key(h, q, a, cap, ttl)
+  return {hold = h, queue = q, alive = a, cap = cap, ttl = ttl, written = false}
+end
+
+local function touch(lk) -- nothing in a lease key outlives now + ttl: keep them that long
+  if lk.written then
+    local ms = format('%d', math.ceil(lk.ttl / 1000) + 1000)
+    redis.call('PEXPIRE', lk.hold, ms)
+    redis.call('PEXPIRE', lk.queue, ms)
+    redis.call('PEXPIRE', lk.alive, ms)
+  end
+end
+
+local function hold(lk, id, expiry)
+  redis.call('ZADD', lk.hold, format('%d', expiry), id)
+  lk.written = true
+end
+
+local function dequeue(lk, id)
+  if redis.call('ZREM', lk.queue, id) == 1 then
+    redis.call('ZREM', lk.alive, id)
+    lk.written = true
+  end
+end
+
+local function head(lk) -- the first live ticket; dead ones before it go
+  while true do
+    local first = redis.call('ZRANGE', lk.queue, 0, 0)[1]
+    if not first then return nil end
+    local alive = tonumber(redis.call('ZSCORE', lk.alive, first))
+    if alive and alive > now then return first end
+    dequeue(lk, first)
+  end
+end
+
+local function settle(lk) -- expired holders go; free room goes to the head tickets
+  if redis.call('ZREMRANGEBYSCORE', lk.hold, '-inf', format('%d', now)) > 0 then lk.written = true end
+  while redis.call('ZCARD', lk.hold) < lk.cap do
+    local first = head(lk)
+    if not first then return end
+    dequeue(lk, first)
+    hold(lk, first, now + lk.ttl)
+    redis.call('PUBLISH', 'tc:w:' .. string.match(first, '^[^.]*'), first)
+  end
+end
+
+local function read_cap(cap, ttl) -- a cap (0: none) and a lease TTL (µs), checked
+  cap, ttl = whole(cap, 0), whole(ttl, 0)
+  if not cap or not ttl or (cap > 0 and ttl < 1) then return nil end
+  return cap, ttl
+end
+
+if op == 'release' or op == 'renew' then
+  -- KEYS: H, Q, A per capped key; ARGV: op, -, now, lease id, then cap, ttl per key.
+  local id, n = ARGV[4], #KEYS / 3
+  if not id or id == '' then return fail('missing lease id') end
+  if n < 1 or n % 1 ~= 0 or #ARGV ~= 4 + 2 * n then return fail('bad keys for ' .. op) end
+  local lks = {}
+  for i = 1, n do
+    local cap, ttl = read_cap(ARGV[3 + 2 * i], ARGV[4 + 2 * i])
+    if not cap or cap < 1 then return fail('bad cap for key #' .. i) end
+    lks[i] = lease_key(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], cap, ttl)
+  end
+  local kept = 1
+  for i = 1, n do
+    local lk = lks[i]
+    if op == 'release' then
+      if redis.call('ZREM', lk.hold, id) == 1 then lk.written = true end
+      dequeue(lk, id)
+      settle(lk)
+    else
+      settle(lk)
+      if not redis.call('ZSCORE', lk.hold, id) then
+        kept = 0 -- in flight all the same: held again, even over the cap
+        dequeue(lk, id)
+      end
+      hold(lk, id, now + lk.ttl)
+    end
+    touch(lk)
+  end
+  return format('%d', kept)
+end
+
+if op == 'acquire_all' or op == 'lease' then
+  -- 'lease' is a capped call: ARGV[7] is its lease id: per key, ARGV gives quota, cost, cap
+  -- (0: none) and lease TTL, and KEYS give a capped key's H, Q, A after its L and M.
   local max_wait, id, lead = whole(ARGV[4], -1), ARGV[5], whole(ARGV[6], 0)
   if not max_wait then return fail('bad max wait') end
   if not id or id == '' then return fail('missing call id') end
   if not lead then return fail('bad lead') end
-  local n = #KEYS / 2
-  if n < 1 or n % 1 ~= 0 or #ARGV ~= 6 + 2 * n then return fail('bad keys for acquire_all') end
+  local lease = op == 'lease' and ARGV[7]
+  local per, first_arg = 2, 7
+  if lease then per, first_arg = 4, 8 end
+  local n = (#ARGV - first_arg + 1) / per
+  if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
   -- Everything is checked before the first write: a script that fails half-way is
   -- not rolled back.
-  local quotas, costs = {}, {}
+  local quotas, costs, lks, at = {}, {}, {}, 1
   for i = 1, n do
-    local q, problem = read_quota(ARGV[5 + 2 * i])
+    local arg = first_arg + per * (i - 1)
+    local q, problem = read_quota(ARGV[arg])
     if not q then return fail(problem .. ' for key #' .. i) end
-    local cost = whole(ARGV[6 + 2 * i], 1)
+    local cost = whole(ARGV[arg + 1], 1)
     if not cost then return fail('bad cost for key #' .. i) end
     problem = check_cost(q, cost)
     if problem then return fail(problem .. ' for key #' .. i) end
     quotas[i], costs[i] = q, cost
+    local log_key, meta_key = KEYS[at], KEYS[at + 1]
+    at = at + 2
+    if lease then
+      local cap, ttl = read_cap(ARGV[arg + 2], ARGV[arg + 3])
+      if not cap then return fail('bad cap for key #' .. i) end
+      if cap > 0 then
+        lks[i] = lease_key(KEYS[at], KEYS[at + 1], KEYS[at + 2], cap, ttl)
+        at = at + 3
+      end
+    end
+    quotas[i].log, quotas[i].meta = log_key, meta_key
   end
+  if at ~= #KEYS + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
   local keys, pause = {}, 0
   for i = 1, n do
-    keys[i] = open(KEYS[2 * i - 1], KEYS[2 * i], quotas[i], i)
+    keys[i] = open(quotas[i].log, quotas[i].meta, quotas[i], i)
     if keys[i].pause > pause then pause = keys[i].pause end
   end
   local function remaining_all(point, out)
@@ -269,12 +375,68 @@ if op == 'acquire_all' then
   end
   local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
   if earlier then return reply(remaining_all(earlier, {1, now, earlier, pause})) end
+  -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
+  -- there is room and no one queued ahead of it.
+  local full, capped = {}, {}
+  for i = 1, n do
+    local lk = lks[i]
+    if lk then
+      capped[#capped + 1] = lk
+      settle(lk)
+      if not redis.call('ZSCORE', lk.hold, lease) then
+        local first = head(lk)
+        if redis.call('ZCARD', lk.hold) >= lk.cap or (first and first ~= lease) then
+          full[lk] = true
+        end
+      end
+    end
+  end
+  if next(full) then
+    local hint = nil
+    for lk in pairs(full) do
+      local e = redis.call('ZRANGE', lk.hold, 0, 0, 'WITHSCORES')[2]
+      if e and (not hint or tonumber(e) < hint) then hint = tonumber(e) end
+    end
+    hint = hint or now
+    if max_wait == 0 then -- try: refused, and nothing of it is written
+      for _, lk in ipairs(capped) do touch(lk) end
+      return reply(remaining_all(now, {0, now, hint, pause}))
+    end
+    local number = 0
+    for _, lk in ipairs(capped) do
+      local newest = redis.call('ZRANGE', lk.queue, -1, -1, 'WITHSCORES')[2]
+      if newest and tonumber(newest) > number then number = tonumber(newest) end
+    end
+    number = number + 1
+    local at_head = 3
+    for _, lk in ipairs(capped) do
+      if not full[lk] then -- served here: held for it while it waits elsewhere
+        dequeue(lk, lease)
+        hold(lk, lease, now + lk.ttl)
+      else
+        if not redis.call('ZSCORE', lk.queue, lease) then
+          redis.call('ZADD', lk.queue, format('%d', number), lease)
+        end
+        redis.call('ZADD', lk.alive, format('%d', now + lk.ttl), lease)
+        lk.written = true
+        if head(lk) ~= lease then at_head = 2 end
+      end
+      touch(lk)
+    end
+    return reply(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
+  end
   local slot = now + lead
   for i = 1, n do slot = math.max(slot, earliest_slot(keys[i], costs[i])) end
   if max_wait >= 0 and slot - now > max_wait then
+    for _, lk in ipairs(capped) do touch(lk) end
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
   end
   for i = 1, n do book(keys[i], slot, costs[i], id) end
+  for _, lk in ipairs(capped) do
+    dequeue(lk, lease)
+    hold(lk, lease, now + lk.ttl)
+    touch(lk)
+  end
   return reply(remaining_all(slot, {1, now, slot, pause}))
 end
 

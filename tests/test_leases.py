@@ -1,0 +1,349 @@
+"""Concurrency caps (issue 10 §1): leases held from admission until a call ends.
+
+Every store (memory, SQLite, Redis, Cluster) against the plain reference model of
+``tests/model.py`` (``CapModel``): the same answers on random sequences of capped
+calls over several keys, releases, renewals and time passing, and a refusal writes
+nothing anywhere. Then the limiter's side: ``lease()`` in both worlds on every store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
+    Backend,
+    ConfigurationError,
+    Limiter,
+    MemoryBackend,
+    RedisBackend,
+    SQLiteBackend,
+    ThrottleTimeout,
+)
+from throttle_client._backends.base import AcquireAll, Charge, Quota, Release, Renew
+from throttle_client._backends.redis import lease_keys, redis_keys
+from throttle_client.testing import FakeClock
+
+from .model import CapModel, Model, StackedModel
+from .test_stacked import seen
+
+MS = 1000
+KEYS = ("token-a", "token-b", "account")
+LEASES = tuple(f"n.lease{i}" for i in range(5))
+_examples = itertools.count()
+_calls = itertools.count()
+
+caps = st.tuples(st.integers(1, 2), st.sampled_from([300 * MS, 1000 * MS]))
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("advance"), st.sampled_from([1, 100 * MS, 299 * MS, 300 * MS, 600 * MS])),
+        st.tuples(
+            st.just("acquire"),
+            st.sampled_from(LEASES),
+            st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True),
+            st.sampled_from([0, 0, 200 * MS, None]),
+        ),
+        st.tuples(st.just("release"), st.sampled_from(LEASES)),
+        st.tuples(st.just("renew"), st.sampled_from(LEASES)),
+    ),
+    max_size=40,
+)
+
+
+@pytest.fixture(scope="module")
+def redis_stores() -> Iterator[dict[str, RedisBackend]]:
+    stores: dict[str, RedisBackend] = {}
+    yield stores
+    for store in stores.values():
+        store.close()
+
+
+class _Lasting(Backend):
+    """A Redis store whose keys do not expire while an example runs: Redis counts TTLs
+    in real time, the example's clock jumps by seconds in a few milliseconds."""
+
+    def __init__(self, backend: RedisBackend, names: dict[str, str]) -> None:
+        self.backend, self.names = backend, names
+
+    def execute(self, op: Any) -> Any:
+        answer = self.backend.execute(op)
+        client = self.backend.client
+        for name in self.names.values():
+            for stored in redis_keys(name) + lease_keys(name):
+                client.persist(stored)  # type: ignore[union-attr]
+        return answer
+
+
+@contextlib.contextmanager
+def a_store(
+    kind: str, request: pytest.FixtureRequest, shared: dict[str, RedisBackend]
+) -> Iterator[tuple[Backend, dict[str, str]]]:
+    n = next(_examples)
+    names = {key: f"cap{n}:{{t{n}}}{key}" for key in KEYS}
+    if kind == "memory":
+        yield MemoryBackend(), names
+    elif kind == "sqlite":
+        with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as db:
+            yield db, names
+    else:
+        if kind not in shared:
+            server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+            shared[kind] = RedisBackend(server.url, cluster=kind == "cluster")
+        yield _Lasting(shared[kind], names), names
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "cluster"])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    cap_list=st.lists(st.one_of(st.none(), caps), min_size=3, max_size=3),
+    limits=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+    script=steps,
+)
+def test_leases_agree_with_the_reference_model(
+    request: pytest.FixtureRequest,
+    redis_stores: dict[str, RedisBackend],
+    kind: str,
+    cap_list: list[tuple[int, int] | None],
+    limits: list[int],
+    script: Any,
+) -> None:
+    if all(cap is None for cap in cap_list):
+        cap_list = [(1, 300 * MS), *cap_list[1:]]
+    quota = {
+        key: Quota(((limit, 1000 * MS),), 0, *(cap or (0, 0)))
+        for key, cap, limit in zip(KEYS, cap_list, limits, strict=True)
+    }
+    rates = StackedModel({k: Model(rates=list(q.limits), min_interval=0) for k, q in quota.items()})
+    model = CapModel(rates, {k: cap for k, cap in zip(KEYS, cap_list, strict=True) if cap})
+    held_keys: dict[str, list[str]] = {}  # a lease id -> the keys its last acquire named
+    with a_store(kind, request, redis_stores) as (store, names):
+        now = 1_000_000 * MS
+        for step in script:
+            if step[0] == "advance":
+                now += step[1]
+                continue
+            lease = step[1]
+            if step[0] == "acquire":
+                keys, max_wait = step[2], step[3]
+                held_keys[lease] = keys
+                charges = tuple(Charge(names[k], quota[k], 1) for k in keys)
+                if not any(c.quota.max_concurrent for c in charges):
+                    continue  # an uncapped call holds no lease (test_stacked's ground)
+                before = {k: seen(store, names[k], quota[k], now) for k in KEYS}
+                wait = -1 if max_wait is None else max_wait
+                verdict = store.execute(
+                    AcquireAll(charges, wait, f"c{next(_calls)}", now_us=now, lease_id=lease)
+                )
+                outcome, slot, head, _ = model.acquire(lease, [(k, 1) for k in keys], now, max_wait)
+                got = "admitted" if verdict.allowed else "waiting" if verdict.waiting else "refused"
+                assert (got, verdict.slot_us, verdict.head) == (outcome, slot, head), step
+                if outcome != "admitted":  # nothing of it in any log
+                    assert {k: seen(store, names[k], quota[k], now) for k in KEYS} == before
+            else:
+                keys = [k for k in held_keys.get(lease, []) if k in model.caps]
+                if not keys:
+                    continue
+                charges = tuple(Charge(names[k], quota[k], 1) for k in keys)
+                if step[0] == "release":
+                    store.execute(Release(charges, lease, now_us=now))
+                    model.release(lease, keys, now)
+                else:
+                    kept = store.execute(Renew(charges, lease, now_us=now))
+                    assert kept == model.renew(lease, keys, now)[0], step
+
+
+def test_a_grant_rings_the_waiter_it_admits_and_no_other() -> None:
+    store = MemoryBackend()
+    quota = Quota(((100, 1000 * MS),), 0, 1, 1000 * MS)
+    charge = (Charge("k", quota, 1),)
+    rang: list[str] = []
+    store.doorbell.ring = rang.extend  # type: ignore[method-assign]
+    for lease in ("n.a", "n.b", "n.c"):
+        store.execute(AcquireAll(charge, -1, lease + "-call", now_us=1, lease_id=lease))
+    assert rang == []
+    store.execute(Release(charge, "n.a", now_us=2))
+    assert rang == ["n.b"]
+    store.execute(Release(charge, "n.a", now_us=3))  # again: frees nothing
+    assert rang == ["n.b"]
+
+
+# -- the limiter's side ---------------------------------------------------------------
+
+
+def test_a_capped_limiter_admits_through_lease_only(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["100/second"], max_concurrent=1)
+    with pytest.raises(ConfigurationError, match="lease"):
+        limiter.acquire("k")
+    with pytest.raises(ConfigurationError, match="lease"):
+        limiter.try_acquire("k")
+
+
+def _enter(limiter: Any, key: str, **kwargs: Any) -> Any:
+    """Enter a lease in either world; (lease, decision)."""
+    lease = limiter.lease(key, **kwargs)
+    if isinstance(limiter, Limiter):
+        return lease, lease.__enter__()
+    loop = limiter.loop
+    return lease, loop.run_until_complete(lease.__aenter__())
+
+
+def _leave(limiter: Any, lease: Any) -> None:
+    if isinstance(limiter, Limiter):
+        lease.__exit__(None, None, None)
+    else:
+        limiter.loop.run_until_complete(lease.__aexit__(None, None, None))
+
+
+def test_a_full_cap_refuses_a_call_that_may_not_wait_and_a_release_makes_room(
+    make_limiter: Any,
+) -> None:
+    limiter = make_limiter(rates=["100/second"], max_concurrent=2)
+    first, decision = _enter(limiter, "k")
+    assert decision.allowed
+    _enter(limiter, "k")
+    with pytest.raises(ThrottleTimeout):
+        _enter(limiter, "k", timeout=0)
+    _, other_key = _enter(limiter, "other")  # another key has its own cap
+    assert other_key.allowed
+    _leave(limiter, first)
+    _leave(limiter, first)  # twice: frees nothing more
+    _, decision = _enter(limiter, "k", timeout=0)
+    assert decision.allowed
+    with pytest.raises(ThrottleTimeout):
+        _enter(limiter, "k", timeout=0)
+
+
+def test_a_waiter_times_out_and_leaves_no_ticket_behind(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["100/second"], max_concurrent=1, lease_ttl=10)
+    holder, _ = _enter(limiter, "k")
+    clock = limiter._clock
+    started = clock()
+    with pytest.raises(ThrottleTimeout):
+        _enter(limiter, "k", timeout=2)
+    assert 2 <= clock() - started < 5  # woke up to look again, then gave up at its timeout
+    _leave(limiter, holder)
+    _, decision = _enter(limiter, "k", timeout=0)  # no dead ticket queued ahead of it
+    assert decision.allowed
+
+
+def test_a_lease_nobody_renews_expires_and_its_room_goes_to_the_next(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["100/second"], max_concurrent=1, lease_ttl=3)
+    limiter._clock.advance(0)
+    _enter(limiter, "k")  # held, and never renewed: the fake clock jumps past its TTL
+    limiter._clock.advance(3.5)
+    _, decision = _enter(limiter, "k", timeout=0)
+    assert decision.allowed
+
+
+@pytest.mark.parametrize("value", [0, -1, 2**21, 1.5, True, "3"])
+def test_a_bad_cap_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=f"max_concurrent.*{value!r}"[:40]):
+        Limiter(MemoryBackend(), rates=["1/second"], max_concurrent=value)
+
+
+def test_a_bad_lease_ttl_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigurationError, match="lease_ttl"):
+        Limiter(MemoryBackend(), rates=["1/second"], max_concurrent=1, lease_ttl=0.01)
+
+
+def test_a_lease_on_an_uncapped_limiter_is_an_acquire() -> None:
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["1/second"], clock=clock, sleep=clock.sleep)
+    with limiter.lease("k") as first:
+        assert first.allowed
+    with limiter.lease("k") as second:
+        assert second.waited == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+def test_threads_never_exceed_the_cap_and_go_in_turn(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if kind == "memory":
+        store: Backend = MemoryBackend()
+    elif kind == "sqlite":
+        store = SQLiteBackend(tmp_path / "caps.db")
+    else:
+        store = RedisBackend(request.getfixturevalue("redis_url"))
+    limiter = Limiter(store, rates=["10000/second"], max_concurrent=3, margin=0)
+    lock = threading.Lock()
+    inside, peak, done = 0, 0, 0
+
+    def work() -> None:
+        nonlocal inside, peak, done
+        with limiter.lease("k"):
+            with lock:
+                inside += 1
+                peak = max(peak, inside)
+            time.sleep(0.01)
+            with lock:
+                inside -= 1
+                done += 1
+
+    threads = [threading.Thread(target=work) for _ in range(40)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.monotonic() - started
+    store.close()
+    assert (peak, done) == (3, 40)
+    # 40 calls of 10 ms, 3 at a time: about 0.14 s if each freed slot is taken at once;
+    # a waiter that only looked again on its own would take 10 s (a third of the TTL).
+    assert took < 3.0
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_tasks_never_exceed_the_cap_and_a_cancelled_one_gives_its_place_up(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    async def main() -> tuple[int, int]:
+        url = request.getfixturevalue("redis_url") if kind == "redis" else ""
+        store: Any = MemoryBackend() if kind == "memory" else AsyncRedisBackend(url)
+        limiter = AsyncLimiter(store, rates=["10000/second"], max_concurrent=2, margin=0)
+        inside, peak = 0, 0
+
+        async def work() -> None:
+            nonlocal inside, peak
+            async with limiter.lease("k"):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.01)
+                inside -= 1
+
+        holders = [limiter.lease("k") for _ in range(2)]
+        for holder in holders:
+            await holder.__aenter__()
+        doomed = asyncio.ensure_future(work())
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await doomed
+        for holder in holders:
+            await holder.release()
+        await asyncio.gather(*(work() for _ in range(30)))
+        # The cancelled task's ticket was released: had it been granted a lease and kept
+        # it, only one slot would be left and this would time out.
+        async with limiter.lease("k", timeout=1), limiter.lease("k", timeout=1):
+            pass
+        if kind == "redis":
+            await store.aclose()
+        return peak, inside
+
+    assert asyncio.run(main()) == (2, 0)

@@ -1,0 +1,157 @@
+"""The Redis stores' doorbell: grants arrive by Pub/Sub, one subscriber per process.
+
+The script publishes each lease it grants to the waiter's process channel,
+``tc:w:<nonce>`` (the nonce leads every lease id this process makes), so each grant
+wakes one waiter of one process: no herd, and no waiter polls the store. A thread of
+this process subscribes to that channel while it has waiters, on a connection of its
+own (never one of the pool the script runs on, which ``InFlight`` counts), and rings
+the bell of each lease named.
+
+Pub/Sub is at-most-once: a message sent while the subscriber is reconnecting is lost.
+So after every (re)subscription every waiter of the process is rung once and asks the
+store again, and a waiter also asks again on its own now and then (``_limiter``):
+the grant itself is in the store, a lost message only costs time. On a Cluster, a
+PUBLISH (not SPUBLISH) reaches every node, so the subscriber listens on any one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.connection
+import redis.sentinel
+
+from .doorbell import Doorbell
+from .redis_clients import bounded, sync_copy
+
+log = logging.getLogger("throttle_client")
+
+# How long a first waiter waits for the subscription before it queues (a grant sent
+# before the subscription exists would be lost), and how long the thread outlives the
+# last waiter (so a steady trickle of waiters does not resubscribe each time).
+_READY_WAIT = 1.0
+_IDLE_EXIT = 30.0
+
+
+class RedisDoorbell(Doorbell):
+    """Rings this process's waiters as grants arrive on its channel."""
+
+    def __init__(self, clients: Callable[[], list[redis.Redis]]) -> None:
+        super().__init__()
+        self._clients = clients  # connections to subscribe on: any node will do
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+
+    def watch(self) -> None:
+        with self._start:
+            if self._thread is None or not self._thread.is_alive():
+                self._ready.clear()
+                self._stop = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._listen, args=(self._stop,), name="throttle-client-grants"
+                )
+                self._thread.daemon = True
+                self._thread.start()
+        self._ready.wait(_READY_WAIT)
+
+    def forked(self) -> None:
+        self._start = threading.Lock()
+        self._thread = None
+        self._ready = threading.Event()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _listen(self, stop: threading.Event) -> None:
+        attempt = 0
+        idle = 0.0
+        while not stop.is_set():
+            pubsub = None
+            clients: list[redis.Redis] = []
+            try:
+                clients = self._clients()
+                if not clients:
+                    log.info(
+                        "throttle_client: no way to subscribe to grants with this client; "
+                        "waiters for a full cap look again every third of the lease TTL"
+                    )
+                    self._ready.set()
+                    return
+                channel = f"tc:w:{self.nonce}"
+                pubsub = clients[attempt % len(clients)].pubsub()  # type: ignore[no-untyped-call]
+                pubsub.subscribe(channel)
+                while pubsub.get_message(timeout=_READY_WAIT) is None:  # the confirmation
+                    if stop.is_set():
+                        return
+                self._ready.set()
+                self.ring(self.waiting())  # whatever was sent before this subscription
+                while not stop.is_set() and channel == f"tc:w:{self.nonce}":
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None and message["type"] == "message":
+                        data = message["data"]
+                        self.ring([data.decode() if isinstance(data, bytes) else data])
+                    idle = 0.0 if self.waiting() else idle + (0.0 if message else 1.0)
+                    if idle >= _IDLE_EXIT:
+                        return
+            except Exception as exc:  # a thread's error reaches nobody: log, try again
+                log.debug("throttle_client: grant subscription lost (%s); again", exc)
+                attempt += 1
+                stop.wait(0.2)
+            finally:
+                for closable in [pubsub, *clients]:
+                    if closable is not None:
+                        with contextlib.suppress(Exception):  # a broken connection
+                            closable.close()
+
+
+def subscriber_clients(client: Any) -> list[redis.Redis]:
+    """Sync clients of our own, one per node, to subscribe with: from a sync or async,
+    standalone, Sentinel or Cluster client. Empty when there is no way (an asyncio
+    Sentinel client): waiters then look again on their own."""
+    if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+        plain = []
+        for node in nodes:
+            if isinstance(node, redis.cluster.ClusterNode):
+                pool = node.redis_connection.connection_pool
+                kwargs, kind = dict(pool.connection_kwargs), pool.connection_class
+            else:
+                kwargs, kind = dict(node.connection_kwargs), node.connection_class
+            kwargs.update(host=node.host, port=node.port)
+            plain.append(_plain(kwargs, kind))
+        return plain
+    if isinstance(client, redis.Redis):
+        if isinstance(client.connection_pool, redis.sentinel.SentinelConnectionPool):
+            copy = sync_copy(client)
+            return [copy] if copy is not None else []
+        pool = client.connection_pool
+        return [_plain(dict(pool.connection_kwargs), pool.connection_class)]
+    if isinstance(client, redis.asyncio.Redis):
+        if isinstance(client.connection_pool, redis.asyncio.sentinel.SentinelConnectionPool):
+            return []
+        pool = client.connection_pool
+        return [_plain(dict(pool.connection_kwargs), pool.connection_class)]
+    return []
+
+
+def _plain(kwargs: dict[str, Any], kind: type) -> redis.Redis:
+    """A sync client of one connection with these settings (an asyncio connection class
+    becomes the sync class of the same name)."""
+    sync_kind = getattr(redis.connection, kind.__name__, redis.connection.Connection)
+    for key in ("connection_class", "host_address"):
+        kwargs.pop(key, None)
+    settings = bounded(kwargs, asyncio=False)
+    settings["socket_timeout"] = None  # a subscriber waits for messages as long as it takes
+    pool = redis.ConnectionPool(connection_class=sync_kind, max_connections=2, **settings)
+    return redis.Redis(connection_pool=pool)
