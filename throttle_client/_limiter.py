@@ -219,8 +219,7 @@ class _LimiterCore:
         """Whether a call with these partners holds a lease: some limiter has a cap."""
         # (A malformed entry is not judged here: _charges refuses it, saying why.)
         return bool(self.max_concurrent) or any(
-            isinstance(entry, tuple) and getattr(entry[0], "max_concurrent", None)
-            for entry in also
+            isinstance(entry, tuple) and getattr(entry[0], "max_concurrent", None) for entry in also
         )
 
     def _charges(self, key: str, cost: int, also: Also) -> tuple[Charge, ...]:
