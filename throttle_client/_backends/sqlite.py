@@ -10,14 +10,21 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
 
     tc_entries(key, slot, cum, call_id)   one row per admitted call
     tc_meta(key, last, total, base, pause_until, expires_at)
+    tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
+    tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
 
-Both are written in one transaction, so only hands from outside can leave a key's
+All are written in one transaction, so only hands from outside can leave a key's
 rows without its meta, a meta without its rows, or a meta this version cannot read;
 the operation that finds such a key rebuilds it by the rules in ``sliding_log``.
+
+A grant made here rings this process's doorbell after the commit; a waiter in another
+process hears of it through :class:`SQLiteDoorbell`, a thread that watches the file.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sqlite3
 import threading
@@ -28,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
-from . import sliding_log
+from . import leases, sliding_log
 from .base import (
     Acquire,
     AcquireAll,
@@ -37,11 +44,16 @@ from .base import (
     Op,
     Pause,
     Quota,
+    Release,
+    Renew,
+    Reset,
     ThreadedAsync,
     host_clock,
 )
+from .doorbell import Doorbell
 
 T = TypeVar("T")
+logger = logging.getLogger("throttle_client")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tc_entries (
@@ -62,6 +74,21 @@ CREATE TABLE IF NOT EXISTS tc_meta (
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
+CREATE TABLE IF NOT EXISTS tc_holders (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_holders_expiry ON tc_holders (key, expires_at);
+CREATE TABLE IF NOT EXISTS tc_tickets (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    alive_until INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS tc_tickets_number ON tc_tickets (key, number);
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -83,6 +110,19 @@ _TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
 _FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
 _FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
+# A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
+_PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
+_HOLDING = "SELECT count(*) FROM tc_holders WHERE key = ?"
+_HOLDS = "SELECT 1 FROM tc_holders WHERE key = ? AND lease_id = ?"
+_UNHOLD = "DELETE FROM tc_holders WHERE key = ? AND lease_id = ?"
+_EARLIEST = "SELECT min(expires_at) FROM tc_holders WHERE key = ?"
+_HEAD = "SELECT lease_id, alive_until FROM tc_tickets WHERE key = ? ORDER BY number LIMIT 1"
+_QUEUED = "SELECT 1 FROM tc_tickets WHERE key = ? AND lease_id = ?"
+_NEWEST_TICKET = "SELECT max(number) FROM tc_tickets WHERE key = ?"
+_KEEP_ALIVE = "UPDATE tc_tickets SET alive_until = ? WHERE key = ? AND lease_id = ?"
+_DEQUEUE = "DELETE FROM tc_tickets WHERE key = ? AND lease_id = ?"
+_FORGET_HOLDERS = "DELETE FROM tc_holders WHERE key = ?"
+_FORGET_TICKETS = "DELETE FROM tc_tickets WHERE key = ?"
 LOOKUPS = (
     _META,
     _NEWEST,
@@ -95,7 +135,22 @@ LOOKUPS = (
     _FORGET_ENTRIES,
     _FORGET_META,
     _EXPIRED,
+    _PRUNE,
+    _HOLDING,
+    _HOLDS,
+    _UNHOLD,
+    _EARLIEST,
+    _HEAD,
+    _QUEUED,
+    _NEWEST_TICKET,
+    _KEEP_ALIVE,
+    _DEQUEUE,
+    _FORGET_HOLDERS,
+    _FORGET_TICKETS,
 )
+
+_EXPIRED_HOLDERS = "SELECT key, lease_id FROM tc_holders WHERE expires_at <= ? LIMIT ?"
+_DEAD_TICKETS = "SELECT key, lease_id FROM tc_tickets WHERE alive_until <= ? LIMIT ?"
 
 _INSERT = "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)"
 _REPAIRED_ID = "(repaired)"  # the call id of an entry rebuilt by repair(): no caller's id
@@ -234,6 +289,73 @@ def _readable(row: tuple[Any, ...]) -> bool:
     return type(last) is int or (last is None and total == base)
 
 
+class _SQLiteLeases:
+    """One capped key's holders and queue inside the current transaction of ``db``
+    (``leases.LeaseView``)."""
+
+    def __init__(self, db: sqlite3.Connection, key: str) -> None:
+        self.db = db
+        self.key = key
+
+    def _one(self, sql: str, *args: object) -> Any:
+        row = self.db.execute(sql, (self.key, *args)).fetchone()
+        return None if row is None else row[0]
+
+    def prune(self, now: int) -> None:
+        self.db.execute(_PRUNE, (self.key, now))
+
+    def holding(self) -> int:
+        count: int = self._one(_HOLDING)
+        return count
+
+    def holds(self, lease_id: str) -> bool:
+        return self._one(_HOLDS, lease_id) is not None
+
+    def hold(self, lease_id: str, until: int) -> None:
+        self.db.execute(
+            "INSERT INTO tc_holders (key, lease_id, expires_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (key, lease_id) DO UPDATE SET expires_at = excluded.expires_at",
+            (self.key, lease_id, until),
+        )
+
+    def unhold(self, lease_id: str) -> bool:
+        return self.db.execute(_UNHOLD, (self.key, lease_id)).rowcount > 0
+
+    def earliest_expiry(self) -> int | None:
+        earliest: int | None = self._one(_EARLIEST)
+        return earliest
+
+    def head(self, now: int) -> str | None:
+        # Mostly one look: a dead ticket at the front (a waiter killed while queued) is rare.
+        while True:
+            row = self.db.execute(_HEAD, (self.key,)).fetchone()
+            if row is None:
+                return None
+            lease_id, alive_until = row
+            if alive_until > now:
+                return cast(str, lease_id)
+            self.dequeue(lease_id)
+
+    def queued(self, lease_id: str) -> bool:
+        return self._one(_QUEUED, lease_id) is not None
+
+    def newest_ticket(self) -> int:
+        newest: int | None = self._one(_NEWEST_TICKET)
+        return newest or 0
+
+    def enqueue(self, lease_id: str, number: int, alive_until: int) -> None:
+        self.db.execute(
+            "INSERT INTO tc_tickets (key, lease_id, number, alive_until) VALUES (?, ?, ?, ?)",
+            (self.key, lease_id, number, alive_until),
+        )
+
+    def keep_alive(self, lease_id: str, alive_until: int) -> None:
+        self.db.execute(_KEEP_ALIVE, (alive_until, self.key, lease_id))
+
+    def dequeue(self, lease_id: str) -> bool:
+        return self.db.execute(_DEQUEUE, (self.key, lease_id)).rowcount > 0
+
+
 class _RepairNeeded(Exception):
     """A read found part of a key lost or unreadable: repairing it needs the write lock."""
 
@@ -261,6 +383,109 @@ def _use_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+# While this process has waiters, how often its watcher looks whether the file changed,
+# and how long it waits before it tries again after an error.
+_WATCH_EVERY = 0.001
+_WATCH_RETRY = 0.1
+_WATCH_BATCH = 500  # lease ids per look: SQLite takes at least 999 parameters
+# Which of some lease ids hold their lease and wait nowhere any more: granted. (A call
+# served at some keys holds there while it waits at others, under a ticket.) Both lookups
+# by lease id scan their table; it holds only the calls in flight or waiting.
+_GRANTED = (
+    "SELECT DISTINCT lease_id FROM tc_holders WHERE lease_id IN ({}) "
+    "AND lease_id NOT IN (SELECT lease_id FROM tc_tickets)"
+)
+
+
+class SQLiteDoorbell(Doorbell):
+    """The doorbell of one SQLite file: it rings for the grants of other processes too.
+
+    While some waiter of this process waits, a daemon thread reads the file's
+    ``PRAGMA data_version`` every millisecond on a connection of its own; it changes
+    when any other connection commits, and then the thread rings those of this process's
+    waiters that were granted their lease. It sleeps while nobody waits, and stops when
+    the backend is closed. A ring is only a hint (see ``doorbell``): an error is logged
+    and the thread tries again later, while waiters look again on their own.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._path = path
+        self._cond = threading.Condition()  # the thread sleeps on it while nobody waits
+        self._stop: threading.Event | None = None  # the running thread's; None: none runs
+
+    def forked(self) -> None:
+        # The parent's thread did not cross the fork: the next watch() starts our own.
+        self._cond = threading.Condition()
+        self._stop = None
+
+    def watch(self) -> None:
+        with self._cond:
+            if self._stop is None:
+                self._stop = threading.Event()
+                threading.Thread(
+                    target=self._watch,
+                    args=(self._stop,),
+                    name="throttle-client-sqlite-doorbell",
+                    daemon=True,
+                ).start()
+            self._cond.notify_all()  # a thread closed meanwhile may sleep on it too
+
+    def close(self) -> None:
+        """Stop the thread; a later wait starts a new one."""
+        self._check_fork()  # a child must not touch a lock its parent's thread held
+        with self._cond:
+            if self._stop is not None:
+                self._stop.set()
+                self._stop = None
+                self._cond.notify_all()
+
+    def _watch(self, stop: threading.Event) -> None:
+        db: sqlite3.Connection | None = None
+        seen = None
+        try:
+            while True:
+                with self._cond:
+                    while not stop.is_set() and not self._bells:
+                        self._cond.wait()
+                if stop.is_set():
+                    return
+                try:
+                    if db is None:
+                        db = sqlite3.connect(self._path, timeout=_WATCH_RETRY, isolation_level=None)
+                    # Read before the holders: a grant committed after this changes it.
+                    version = db.execute("PRAGMA data_version").fetchone()[0]
+                    if version != seen:
+                        self.ring(_granted(db, self.waiting()))
+                        seen = version
+                except sqlite3.Error as exc:
+                    logger.debug(
+                        "throttle_client: the doorbell could not read SQLite store %r (%s); "
+                        "it tries again",
+                        str(self._path),
+                        exc,
+                    )
+                    if db is not None:
+                        db.close()
+                    db, seen = None, None
+                    stop.wait(_WATCH_RETRY)
+                    continue
+                stop.wait(_WATCH_EVERY)
+        finally:
+            if db is not None:
+                db.close()
+
+
+def _granted(db: sqlite3.Connection, lease_ids: list[str]) -> list[str]:
+    """Which of ``lease_ids`` were granted (one query, unless very many wait)."""
+    found: list[str] = []
+    for start in range(0, len(lease_ids), _WATCH_BATCH):
+        batch = lease_ids[start : start + _WATCH_BATCH]
+        sql = _GRANTED.format(", ".join("?" * len(batch)))
+        found += [row[0] for row in db.execute(sql, batch)]
+    return found
 
 
 class SQLiteBackend(Backend):
@@ -342,16 +567,18 @@ class SQLiteBackend(Backend):
             try:
                 if writable:
                     with self._writer_lock():
-                        result, repaired = self._run(conn, op, writable=True)
+                        result, repaired, granted = self._run(conn, op, writable=True)
                 else:
-                    result, repaired = self._run(conn, op, writable=False)
+                    result, repaired, granted = self._run(conn, op, writable=False)
             except _RepairNeeded:  # a read found part of the key lost: again, as a write
                 with self._writer_lock():
-                    result, repaired = self._run(conn, op, writable=True)
+                    result, repaired, granted = self._run(conn, op, writable=True)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         for key, part in repaired:  # said once it is committed
             self._repairs(key, part)
+        if granted:  # committed: wake this process's waiters it granted a lease to
+            self.doorbell.ring(granted)
         return result
 
     @contextmanager
@@ -381,38 +608,76 @@ class SQLiteBackend(Backend):
 
     def _run(
         self, conn: _Connection, op: Op[T], *, writable: bool
-    ) -> tuple[T, list[tuple[str, str]]]:
-        """``op`` in one transaction, and the parts of keys it repaired (key, part)."""
+    ) -> tuple[T, list[tuple[str, str]], list[str]]:
+        """``op`` in one transaction; the parts of keys it repaired (key, part), and the
+        leases it granted to waiters."""
         db = conn.db
+        repaired: list[tuple[str, str]] = []
+        granted: list[str] = []
         with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
-            parts: list[tuple[str, Quota | None]]
-            if isinstance(op, AcquireAll):  # a stacked acquire: every key's log at once
-                parts = [(c.key, c.quota) for c in op.charges]
+            if isinstance(op, (Release, Renew)):  # leases only: no log is read
+                ends = [_SQLiteLeases(db, op.charges[i].key) for i in leases.capped(op.charges)]
+                if isinstance(op, Release):
+                    leases.release(ends, op, now, granted)
+                    result = cast(T, None)
+                else:
+                    result = cast(T, leases.renew(ends, op, now, granted))
+                logs: list[_SQLiteLog] = []
             else:
-                parts = [(op.key, op.quota if isinstance(op, (Acquire, Inspect, Pause)) else None)]
-            logs: list[_SQLiteLog] = []
-            repaired: list[tuple[str, str]] = []
-            for key, quota in parts:
-                log = _SQLiteLog(db, key, now, writable=writable)
-                if log.lost and quota is not None:  # a reset forgets all
-                    if not writable:
-                        raise _RepairNeeded
-                    part = log.repair(quota, now)
-                    if part:
-                        repaired.append((key, part))
-                logs.append(log)
-            if isinstance(op, AcquireAll):
-                result = cast(T, sliding_log.acquire_all(logs, op, now))
-            else:
-                result = sliding_log.execute(logs[0], op, now)
+                logs = self._logs(db, op, now, repaired, writable=writable)
+                if isinstance(op, AcquireAll) and op.lease_id:
+                    views = [
+                        _SQLiteLeases(db, c.key) if c.quota.max_concurrent else None
+                        for c in op.charges
+                    ]
+                    result = cast(T, leases.acquire(logs, views, op, now, granted))
+                elif isinstance(op, AcquireAll):
+                    result = cast(T, sliding_log.acquire_all(logs, op, now))
+                else:
+                    result = sliding_log.execute(logs[0], op, now)
+                    if isinstance(op, Reset):  # forget all: its leases and waiters too
+                        db.execute(_FORGET_HOLDERS, (op.key,))
+                        db.execute(_FORGET_TICKETS, (op.key,))
             if writable:
                 for log in logs:
                     log.save()
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)
-        return result, repaired
+        return result, repaired, granted
+
+    def _logs(
+        self,
+        db: sqlite3.Connection,
+        op: Op[Any],
+        now: int,
+        repaired: list[tuple[str, str]],
+        *,
+        writable: bool,
+    ) -> list[_SQLiteLog]:
+        """The logs ``op`` reads, each repaired first if part of it was lost (a write)."""
+        parts: list[tuple[str, Quota | None]]
+        if isinstance(op, AcquireAll):  # a stacked acquire: every key's log at once
+            parts = [(c.key, c.quota) for c in op.charges]
+        else:
+            parts = [(op.key, op.quota if isinstance(op, (Acquire, Inspect, Pause)) else None)]
+        logs: list[_SQLiteLog] = []
+        for key, quota in parts:
+            log = _SQLiteLog(db, key, now, writable=writable)
+            if log.lost and quota is not None:  # a reset forgets all
+                if not writable:
+                    raise _RepairNeeded
+                part = log.repair(quota, now)
+                if part:
+                    repaired.append((key, part))
+            logs.append(log)
+        return logs
+
+    @functools.cached_property
+    def doorbell(self) -> SQLiteDoorbell:
+        """As :attr:`Backend.doorbell`; it also hears of grants made by other processes."""
+        return SQLiteDoorbell(self.path)
 
     def to_async(self) -> ThreadedAsync:
         """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a
@@ -424,13 +689,17 @@ class SQLiteBackend(Backend):
             return self._async
 
     def close(self) -> None:
-        """Close this process's connections; a later operation opens a new one."""
+        """Close this process's connections and stop its doorbell's watcher; a later
+        operation opens a new one."""
         with self._lock:
             mine = [conn for conn in self._all if conn.pid == os.getpid()]
             self._all = []
         for conn in mine:
             conn.db.close()
         self._local = threading.local()
+        doorbell = self.__dict__.get("doorbell")  # only if made: looking would make one
+        if doorbell is not None:
+            doorbell.close()
         if self._async is not None:
             self._async.shutdown()
 
@@ -461,10 +730,18 @@ def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
 
 
 def _sweep(db: sqlite3.Connection, now: int) -> None:
-    """Forget a batch of keys that expired: nothing in their logs can matter any more."""
+    """Forget a batch of keys that expired: nothing in their logs can matter any more;
+    and a batch of leases that expired and tickets that died (their holders and waiters
+    were killed) on keys nobody settles any more."""
     keys = db.execute(_EXPIRED, (now, _SWEEP_BATCH)).fetchall()
     db.executemany(_FORGET_ENTRIES, keys)
     db.executemany(_FORGET_META, keys)
+    # These two scan their table, which holds only the calls in flight or waiting (and
+    # the few such leftovers), never a row for every key.
+    held = db.execute(_EXPIRED_HOLDERS, (now, _SWEEP_BATCH)).fetchall()
+    db.executemany(_UNHOLD, held)
+    dead = db.execute(_DEAD_TICKETS, (now, _SWEEP_BATCH)).fetchall()
+    db.executemany(_DEQUEUE, dead)
 
 
 # Errors that pass without anyone changing anything, so the limiter's on_unavailable applies:
