@@ -10,6 +10,9 @@ CPU frequency, the log growing) hits every candidate alike:
   tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
   tc stacked     ``try_acquire`` charged to a token and its account at once (``also=``):
                  two keys' logs decided and booked in one script call
+  tc capped      ``with limiter.lease(key)`` on a limiter with ``max_concurrent``, never
+                 full: admission (rates and cap in one script call) and release, two
+                 round trips, timed together
   limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
   pyrate         pyrate-limiter's ``Limiter(RedisBucket).try_acquire`` (non-blocking)
 
@@ -44,10 +47,12 @@ CANDIDATES: list[tuple[str, bool]] = [
     ("tc refused", False),
     ("tc acquire", True),
     ("tc stacked", True),
+    ("tc capped", True),
     ("limits", True),
     ("pyrate", True),
 ]
 HIGH = 10**9  # calls per hour: never reached, so every call is admitted
+HIGH_CAP = 1000  # calls in flight: never reached either
 MEMORY_ENTRIES = 5000
 
 
@@ -73,6 +78,16 @@ def build(name: str, url: str) -> Callable[[], object]:
         limiter = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench")
         if name == "tc acquire":
             return lambda: limiter.acquire("token-acquire").allowed
+        if name == "tc capped":
+            capped = Limiter(
+                backend, rates=[Rate(HIGH, 3600)], namespace="bench-capped", max_concurrent=HIGH_CAP
+            )
+
+            def lease() -> bool:
+                with capped.lease("token-capped") as decision:
+                    return decision.allowed
+
+            return lease
         if name == "tc stacked":
             account = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench-account")
             both = [(account, "account-stacked")]

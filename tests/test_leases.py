@@ -14,10 +14,11 @@ import itertools
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -347,3 +348,103 @@ def test_tasks_never_exceed_the_cap_and_a_cancelled_one_gives_its_place_up(
         return peak, inside
 
     assert asyncio.run(main()) == (2, 0)
+
+
+# -- the transports and the decorator hold a lease for the call ---------------------------
+
+
+class _Body(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body that arrives in pieces, as from a socket (bytes would be read at
+    once by httpx, and the response never closed)."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b"x" * 50
+        yield b"x" * 50
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b"x" * 50
+        yield b"x" * 50
+
+
+def test_a_transport_holds_the_lease_until_the_response_is_closed() -> None:
+    from throttle_client import ThrottledClient
+
+    limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1, margin=0)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        # A body that arrives in pieces, as from a socket (bytes would be read at once).
+        return httpx.Response(200, stream=_Body())
+
+    with ThrottledClient(limiter, transport=httpx.MockTransport(upstream)) as client:
+        assert client.get("https://api.example.com/a").status_code == 200
+        # read and closed: the lease ended, so the next request goes at once
+        assert client.get("https://api.example.com/a").status_code == 200
+        with client.stream("GET", "https://api.example.com/a") as streamed:
+            # still open: the one lease is held, and a caller that may not wait is refused
+            with pytest.raises(ThrottleTimeout), limiter.lease("api.example.com", timeout=0):
+                pass
+            assert streamed.read() == b"x" * 100
+        with limiter.lease("api.example.com", timeout=0) as decision:
+            assert decision.allowed
+
+
+def test_a_transport_ends_the_lease_of_a_request_that_failed() -> None:
+    from throttle_client import ThrottledClient
+
+    limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1, margin=0)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with ThrottledClient(limiter, transport=httpx.MockTransport(upstream)) as client:
+        for _ in range(2):
+            with pytest.raises(httpx.ConnectError):
+                client.get("https://api.example.com/a")
+    with limiter.lease("api.example.com", timeout=0) as decision:
+        assert decision.allowed
+
+
+def test_an_async_transport_holds_the_lease_until_the_response_is_closed() -> None:
+    from throttle_client import AsyncThrottledClient
+
+    async def main() -> None:
+        limiter = AsyncLimiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1)
+
+        def upstream(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, stream=_Body())
+
+        transport = httpx.MockTransport(upstream)
+        async with AsyncThrottledClient(limiter, transport=transport) as client:
+            for _ in range(3):  # each one's lease ends with its response
+                assert (await client.get("https://api.example.com/a")).status_code == 200
+            async with client.stream("GET", "https://api.example.com/a"):
+                with pytest.raises(ThrottleTimeout):
+                    async with limiter.lease("api.example.com", timeout=0):
+                        pass
+
+    asyncio.run(main())
+
+
+def test_the_decorator_holds_a_lease_while_the_function_runs() -> None:
+    from throttle_client import throttled
+
+    limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=2, margin=0)
+    lock = threading.Lock()
+    inside, peak = 0, 0
+
+    @throttled(limiter, key="token")
+    def fetch(token: str) -> None:
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+        time.sleep(0.01)
+        with lock:
+            inside -= 1
+
+    threads = [threading.Thread(target=fetch, args=("t",)) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak == 2

@@ -131,7 +131,8 @@ def throttled(
     timeout: float | timedelta | None = None,
     also: Sequence[tuple[Any, ...]] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Make every call of the decorated function wait for its slot first.
+    """Make every call of the decorated function wait for its slot first; on a limiter
+    with ``max_concurrent`` the call holds a lease while it runs (see ``Limiter.lease``).
 
     ``key``: the name of the argument that holds the key (usually the token), or a
     callable over the call's arguments. ``cost``: units per call, fixed, the name of an
@@ -177,13 +178,14 @@ def throttled(
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                await async_limiter.acquire(
+                # A lease: on a capped limiter the call counts as in flight while it runs.
+                async with async_limiter.lease(
                     plan.key_of(args, kwargs),
                     plan.cost_of(args, kwargs),
                     timeout=timeout,
                     also=plan.also_of(args, kwargs),
-                )
-                return await func(*args, **kwargs)
+                ):
+                    return await func(*args, **kwargs)
 
             return cast(Callable[P, R], async_wrapper)
         if not isinstance(limiter, Limiter):
@@ -194,13 +196,13 @@ def throttled(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            sync_limiter.acquire(
+            with sync_limiter.lease(
                 plan.key_of(args, kwargs),
                 plan.cost_of(args, kwargs),
                 timeout=timeout,
                 also=plan.also_of(args, kwargs),
-            )
-            return func(*args, **kwargs)
+            ):
+                return func(*args, **kwargs)
 
         return wrapper
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -23,6 +23,7 @@ import httpx
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
 from ._flow import Flow, arun, run
+from ._lease import AsyncLease, Lease, _Held
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
 from ._request_key import key_label, request_key
@@ -143,11 +144,22 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A step of a request's flow on a capped limiter: wait for the request's turn and
+    take a lease (``Limiter.lease``). Result: ``(decision, lease)``."""
+
+    plan: _Plan[Any]
+    timeout: float | timedelta | None
+
+
+@dataclass(frozen=True)
 class Send:
     """A step of a request's flow: send ``request`` upstream. Result: ``(response, local
-    time, wall-clock time)``."""
+    time, wall-clock time)``. ``lease``: ended when the response is closed (its body
+    read, or a streamed one closed), or at once if the request fails."""
 
     request: httpx.Request
+    lease: Any = None
 
 
 @dataclass(frozen=True)
@@ -244,15 +256,20 @@ class _TransportCore(Generic[L]):
         attempts run out the last response is returned, whatever its status."""
         limiter = plan.limiter
         attempts, attempt = self.retry.max_attempts, 1
+        capped = limiter._capped(plan.also)
         while True:
-            decision = yield from limiter._send_flow(
-                plan.key, plan.cost, self.acquire_timeout, now, also=plan.also
-            )
+            lease = None
+            if capped:  # in flight from admission until the response is closed
+                decision, lease = yield Hold(plan, self.acquire_timeout)
+            else:
+                decision = yield from limiter._send_flow(
+                    plan.key, plan.cost, self.acquire_timeout, now, also=plan.also
+                )
             if decision.waited > LONG_WAIT:
                 logger.info(
                     "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
                 )
-            sent: tuple[httpx.Response, float, float] = yield Send(request)
+            sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
             response, now, wall = sent
             pause, retry = self.judge(plan, response, attempt, now=wall)
             if pause > 0:
@@ -349,6 +366,44 @@ def _client_transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _lease_of(step: Hold) -> _Held:
+    plan = step.plan
+    return _Held(plan.limiter, plan.key, plan.cost, step.timeout, plan.also, before_request=True)
+
+
+class _Releasing(httpx.SyncByteStream):
+    """A response body that ends its request's lease when it is closed."""
+
+    def __init__(self, stream: Any, lease: Lease) -> None:
+        self._stream, self._lease = stream, lease
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._stream
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._lease.release()
+
+
+class _AsyncReleasing(httpx.AsyncByteStream):
+    """The asyncio twin of :class:`_Releasing`."""
+
+    def __init__(self, stream: Any, lease: AsyncLease) -> None:
+        self._stream, self._lease = stream, lease
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._lease.release()
+
+
 def _drain(response: httpx.Response) -> None:
     """Read and close a response thrown away: a drained one gives its connection back."""
     try:
@@ -410,8 +465,21 @@ class ThrottledTransport(httpx.BaseTransport):
         limiter = plan.limiter
 
         def perform(step: Any) -> Any:
+            if isinstance(step, Hold):
+                lease = Lease(_lease_of(step))
+                return lease.__enter__(), lease
             if isinstance(step, Send):
-                response = self._transport.handle_request(step.request)
+                try:
+                    response = self._transport.handle_request(step.request)
+                except BaseException:
+                    if step.lease is not None:
+                        step.lease.release()
+                    raise
+                if step.lease is not None:
+                    if isinstance(response.stream, httpx.ByteStream):
+                        step.lease.release()  # the whole body is here: nothing in flight
+                    else:
+                        response.stream = _Releasing(response.stream, step.lease)
                 return response, limiter._local(), limiter._wall()
             if isinstance(step, Discard):
                 _drain(step.response)
@@ -456,8 +524,21 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         limiter = plan.limiter
 
         async def perform(step: Any) -> Any:
+            if isinstance(step, Hold):
+                lease = AsyncLease(_lease_of(step))
+                return await lease.__aenter__(), lease
             if isinstance(step, Send):
-                response = await self._transport.handle_async_request(step.request)
+                try:
+                    response = await self._transport.handle_async_request(step.request)
+                except BaseException:
+                    if step.lease is not None:
+                        await step.lease.release()
+                    raise
+                if step.lease is not None:
+                    if isinstance(response.stream, httpx.ByteStream):
+                        await step.lease.release()
+                    else:
+                        response.stream = _AsyncReleasing(response.stream, step.lease)
                 return response, limiter._local(), limiter._wall()
             if isinstance(step, Discard):
                 await _adrain(step.response)
