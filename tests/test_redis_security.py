@@ -4,6 +4,8 @@ user holding exactly the permissions the README documents."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +85,17 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         limiter.reset("token")
         admin.script_flush()  # the limiter must be allowed to load its script again
         assert limiter.try_acquire("token").allowed
+        # A capped limiter: its waiter is woken by a grant published to its process.
+        capped = Limiter(RedisBackend(url), rates=["100/second"], max_concurrent=1, margin=0)
+        holder = capped.lease("token")
+        holder.__enter__()
+        threading.Timer(0.2, holder.release).start()
+        started = time.monotonic()
+        with capped.lease("token", timeout=5):
+            pass
+        assert time.monotonic() - started < 1.5  # woken, not looking again 10 s later
+        capped.backend.close()
+        limiter.backend.close()
         restricted = redis.Redis.from_url(url)
         with pytest.raises(redis.exceptions.NoPermissionError):
             restricted.keys("tc:*")  # only what the README lists, nothing more

@@ -52,6 +52,7 @@ class RedisDoorbell(Doorbell):
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()
+        self._open: list[Any] = []  # the subscription and its clients, for close()
 
     def watch(self) -> None:
         with self._start:
@@ -71,7 +72,12 @@ class RedisDoorbell(Doorbell):
         self._ready = threading.Event()
 
     def close(self) -> None:
+        """Stop listening, and close the subscription's connection now (not whenever the
+        thread next wakes)."""
         self._stop.set()
+        for closable in self._open:
+            with contextlib.suppress(Exception):
+                closable.close()
 
     def _listen(self, stop: threading.Event) -> None:
         attempt = 0
@@ -90,6 +96,9 @@ class RedisDoorbell(Doorbell):
                     return
                 channel = f"tc:w:{self.nonce}"
                 pubsub = clients[attempt % len(clients)].pubsub()  # type: ignore[no-untyped-call]
+                self._open = [pubsub, *clients]
+                if stop.is_set():  # closed meanwhile
+                    return
                 pubsub.subscribe(channel)
                 while pubsub.get_message(timeout=_READY_WAIT) is None:  # the confirmation
                     if stop.is_set():
