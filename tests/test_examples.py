@@ -15,6 +15,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 EXPECTED = {
+    "github_limits.py": [
+        "210 calls in",
+        "refused by the API (429): 0",
+        "OK: every token kept all four of GitHub's limits",
+    ],
     "multiprocess_crawler.py": [
         "4 worker processes sent 40 requests",
         "answered 200: 40; refused by the API (429): 0",

@@ -687,3 +687,22 @@ def test_a_client_proxy_carries_the_throttled_requests(mode):
     with local_server() as (proxy, seen):
         assert get_all(mode, [target], proxy=proxy) == ([200], 1)
     assert [path for _, path in seen] == [target]  # the proxy's absolute form
+
+
+def test_a_route_can_match_by_method() -> None:
+    from throttle_client import MemoryBackend
+
+    writes = Limiter(MemoryBackend(), rates=["1/hour"], namespace="writes")
+    route = Route(writes, methods={"post", "PUT"})
+    assert route.methods == frozenset({"POST", "PUT"})
+    assert route.matches(httpx.Request("POST", "https://api.example.com/x"))
+    assert not route.matches(httpx.Request("GET", "https://api.example.com/x"))
+
+
+@pytest.mark.parametrize("methods", ["POST", [""], [1]])
+def test_bad_route_methods_are_refused_by_value(methods: Any) -> None:
+    from throttle_client import MemoryBackend
+
+    limiter = Limiter(MemoryBackend(), rates=["1/hour"])
+    with pytest.raises(ConfigurationError, match="methods"):
+        Route(limiter, methods=methods)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -57,20 +57,32 @@ class Route(Generic[L]):
     ``also``: (limiter, key function) pairs such a request is charged to as well, in the
     same atomic step (see ``Limiter.acquire``), with the transport's own ``also``; a third
     item, an int or a function of the request, charges that key another cost.
+    ``methods``: only requests of these HTTP methods match (None: any).
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
     >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
+    >>> Route(writes, methods={"POST", "PATCH", "PUT", "DELETE"}, also=[(core, request_key)])
     """
 
     limiter: L
     host: str | None = None
     path: str = "/"
     also: Sequence[AlsoSpec[L]] = ()
+    methods: Collection[str] | None = None
     _name: str | None = field(default=None, init=False, repr=False, compare=False)
     _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "also", _checked_also(self.also))
+        if self.methods is not None:
+            if isinstance(self.methods, str) or not all(
+                isinstance(m, str) and m for m in self.methods
+            ):
+                raise ConfigurationError(
+                    f"a route's methods must be a collection of HTTP method names, such as "
+                    f'{{"POST", "PUT"}}, not {self.methods!r}'
+                )
+            object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigurationError(f"a route's path must start with '/', not {self.path!r}")
         if self.host is not None:
@@ -80,6 +92,8 @@ class Route(Generic[L]):
             object.__setattr__(self, "_port", port)
 
     def matches(self, request: httpx.Request) -> bool:
+        if self.methods is not None and request.method not in self.methods:
+            return False
         url = request.url
         if self._name is not None and url.host != self._name:
             return False

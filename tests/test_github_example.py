@@ -1,0 +1,77 @@
+"""examples/github_limits.py: a fleet keeps GitHub's four limits (scaled), and each binds.
+
+The fleet runs against the example's own strict API, on memory and on a real Redis:
+no request is refused, and every rule was reached at some point (so each limiter
+did work that the others did not do for it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from throttle_client import MemoryBackend, RedisBackend
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "github_limits.py"
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("github_limits_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+example = load_example()
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_fleet_keeps_every_rule_and_each_binds(store: str, request: pytest.FixtureRequest):
+    if store == "memory":
+        backend = MemoryBackend()
+    else:
+        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    rules = example.SCALE
+    report = example.run_fleet(backend, tokens=2)
+    if store == "redis":
+        backend.close()
+
+    assert report.refused == 0, report
+    assert report.statuses == {200: 2 * len(example.jobs_of("t"))}, report
+    assert report.elapsed < 15, report
+    for name, token in report.tokens.items():
+        assert token.sent == len(example.jobs_of(name)), (name, token)
+        # Each cap was reached, not passed (the API refuses beyond any of them).
+        assert token.peak_in_flight == rules.concurrent, (name, token)
+        assert token.peak_hourly == rules.hourly.limit, (name, token)
+        # A write costs 5: a window may end up to 4 points short of a full one.
+        floor = rules.points.limit - rules.write_cost + 1
+        assert floor <= token.peak_points <= rules.points.limit, (name, token)
+        # Writes spaced by the gap, and no more than the limiter's margin beyond it:
+        # they queued for it.
+        assert token.min_write_gap is not None, (name, token)
+        assert rules.write_gap <= token.min_write_gap < rules.write_gap + 0.1, (name, token)
+    # The hour binds: the calls beyond its 60 waited for the first ones to leave it.
+    assert report.elapsed >= rules.hourly.period, report
+
+
+def test_github_rules_are_the_documented_ones():
+    rules = example.GITHUB
+    assert (rules.hourly.limit, rules.hourly.period) == (5000, 3600)
+    assert rules.concurrent == 100
+    assert (rules.points.limit, rules.points.period) == (900, 60)
+    assert (rules.read_cost, rules.write_cost, rules.write_gap) == (1, 5, 1.0)
+    assert [rules.cost(m) for m in ("GET", "HEAD", "POST", "PATCH", "PUT", "DELETE")] == [
+        1,
+        1,
+        5,
+        5,
+        5,
+        5,
+    ]
