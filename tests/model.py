@@ -226,10 +226,10 @@ class CapModel:
         ]
         if not full:
             allowed, slot = self.rates.acquire_all(charges, now, max_wait)
-            if allowed:
+            if allowed:  # held from now through the sleep to its slot, then the TTL
                 for key in capped:
                     self._drop_ticket(key, lease)
-                    self.holders[key][lease] = now + self.caps[key][1]
+                    self.holders[key][lease] = max(slot, now) + self.caps[key][1]
             return ("admitted" if allowed else "refused"), slot, False, granted
         hint = min((e for key in full for e in self.holders[key].values()), default=now)
         if max_wait == 0:

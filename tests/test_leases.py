@@ -448,3 +448,82 @@ def test_the_decorator_holds_a_lease_while_the_function_runs() -> None:
     for thread in threads:
         thread.join()
     assert peak == 2
+
+
+# -- regressions found in review -----------------------------------------------------------
+
+
+def test_a_renewal_that_crosses_the_release_does_not_hold_the_lease_again() -> None:
+    """The keeper renews as the caller releases, and the Release reaches the store
+    first: the Renew holds the lease again, so it is released once more."""
+    limiter: Limiter
+
+    class Crossing(MemoryBackend):
+        def execute(self, op: Any) -> Any:
+            if isinstance(op, Renew):
+                lease.release()  # the caller's release lands first
+            return super().execute(op)
+
+    limiter = Limiter(Crossing(), rates=["1000/second"], max_concurrent=1, lease_ttl=30)
+    lease = limiter.lease("k")
+    lease.__enter__()
+    lease._renew()  # as the keeper does, having seen the lease still held
+    with limiter.lease("k", timeout=0) as decision:  # not blocked for 30 s
+        assert decision.allowed
+
+
+def test_a_lease_is_held_through_the_sleep_to_its_slot(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["1/10s"], max_concurrent=1, lease_ttl=5)
+    _leave(limiter, _enter(limiter, "k")[0])
+    sleeper, _ = _enter(limiter, "k")  # its slot is 10 s ahead: it sleeps there, holding
+    limiter._clock.advance(1)  # 1 s into its call: its lease lasts until slot + TTL
+    with pytest.raises(ThrottleTimeout):
+        _enter(limiter, "k", timeout=0)
+    _leave(limiter, sleeper)
+
+
+def test_under_local_fallback_a_release_wakes_the_next_waiter() -> None:
+    from throttle_client import BackendUnavailable, LocalFallback
+
+    class Down(Backend):
+        def execute(self, op: Any) -> Any:
+            raise BackendUnavailable("down")
+
+    limiter = Limiter(
+        Down(),
+        rates=["1000/second"],
+        max_concurrent=1,
+        lease_ttl=30,
+        on_unavailable=LocalFallback(expected_workers=1),
+        retry_for=0,
+    )
+    holder = limiter.lease("k")
+    holder.__enter__()
+    threading.Timer(0.1, holder.release).start()
+    started = time.monotonic()
+    with limiter.lease("k", timeout=5):
+        took = time.monotonic() - started
+    assert took < 1.0  # rung by the fallback's grant, not looking again 10 s later
+
+
+def test_an_uncontended_lease_never_waits_for_a_subscription(redis_url: str) -> None:
+    import redis
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "nosub", "on", ">pw", "~*", "&*", "+@all", "-subscribe")
+    url = redis_url.replace("redis://", "redis://nosub:pw@")
+    try:
+
+        async def main() -> float:
+            limiter = AsyncLimiter(AsyncRedisBackend(url), rates=["1000/second"], max_concurrent=5)
+            started = time.monotonic()
+            for _ in range(3):
+                async with limiter.lease("k"):
+                    pass
+            await limiter.backend.aclose()
+            return time.monotonic() - started
+
+        assert asyncio.run(main()) < 0.5
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nosub")
+        admin.close()

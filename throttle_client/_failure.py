@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar, cast
 import tenacity
 
 from ._backends.base import Acquire, AcquireAll, Inspect, Op, Pause, Quota, Release, Renew, Verdict
+from ._backends.doorbell import Doorbell
 from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
 
@@ -105,6 +106,12 @@ class FailureGuard:
         self._down = False
         self.last_error = BackendUnavailable("the store has not answered yet")
         self._lock = threading.Lock()
+
+    def ring_through(self, doorbell: Doorbell) -> None:
+        """The in-process fallback grants leases to the limiter's waiters, who wait on
+        the store's doorbell: it rings that one."""
+        if self.fallback is not None:
+            self.fallback.doorbell = doorbell
 
     # -- before and after the store is asked ------------------------------------------
 

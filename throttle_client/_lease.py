@@ -58,6 +58,7 @@ class _Held:
         self.decision: Decision | None = None
         self.ended = False
         self.lost_warned = False
+        self.pid = os.getpid()  # a forked child must not end its parent's lease
 
     def begin(self) -> None:
         limiter = self.limiter
@@ -86,7 +87,16 @@ class _Held:
     def end_flow(self, renew: bool) -> Any:
         return self.limiter._end_flow(self.charges, self.lease_id, self.limiter._local(), renew)
 
-    def renewed(self, kept: bool) -> None:
+    def mine(self) -> bool:
+        """Whether this process holds the lease (not a child that inherited the object)."""
+        return bool(self.lease_id) and self.pid == os.getpid()
+
+    def renewed(self, kept: bool) -> bool:
+        """After a renewal: whether to release once more. A renewal that crossed the
+        release (the keeper renewed as the caller released) held the lease again: it is
+        released again, and it is no stall."""
+        if self.ended:
+            return True
         if not kept and not self.lost_warned:
             self.lost_warned = True
             log.warning(
@@ -96,6 +106,7 @@ class _Held:
                 self.charges[0].key,
                 self.limiter.lease_ttl,
             )
+        return False
 
     @property
     def every(self) -> float:
@@ -146,7 +157,7 @@ class Lease:
         if held.ended:
             return
         held.ended = True
-        if held.lease_id:
+        if held.mine():
             limiter: Limiter = held.limiter  # type: ignore[assignment]
             try:
                 run(held.end_flow(renew=False), limiter._perform)
@@ -155,11 +166,12 @@ class Lease:
 
     def _renew(self) -> None:
         held = self._held
-        if held.ended:
+        if held.ended or not held.mine():
             return
         limiter: Limiter = held.limiter  # type: ignore[assignment]
         try:
-            held.renewed(run(held.end_flow(renew=True), limiter._perform))
+            if held.renewed(run(held.end_flow(renew=True), limiter._perform)):
+                run(held.end_flow(renew=False), limiter._perform)
         except Exception as exc:
             _ending_failed(held, "renew", exc)
 
@@ -193,7 +205,8 @@ class AsyncLease:
         return held.decision  # type: ignore[return-value]
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.release()
+        # Shielded: a task cancelled as it leaves (a cancel scope) still ends its lease.
+        await asyncio.shield(self.release())
 
     async def release(self) -> None:
         """End the lease (idempotent); the next waiter is admitted at once."""
@@ -203,7 +216,7 @@ class AsyncLease:
         held.ended = True
         if self._renewal is not None:
             self._renewal.cancel()
-        if held.lease_id:
+        if held.mine():
             limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
             try:
                 await arun(held.end_flow(renew=False), limiter._perform)
@@ -214,7 +227,8 @@ class AsyncLease:
         held = self._held
         limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
         try:
-            held.renewed(await arun(held.end_flow(renew=True), limiter._perform))
+            if held.renewed(await arun(held.end_flow(renew=True), limiter._perform)):
+                await arun(held.end_flow(renew=False), limiter._perform)
         except Exception as exc:
             _ending_failed(held, "renew", exc)
 

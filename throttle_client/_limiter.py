@@ -700,6 +700,7 @@ class Limiter(_LimiterCore):
         )
         self.backend = backend
         self._sleep = sleep
+        self._guard.ring_through(backend.doorbell)
 
     _world = "sync"
 
@@ -713,7 +714,9 @@ class Limiter(_LimiterCore):
         if isinstance(step, Sleep):
             self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
-            bell = self.backend.doorbell.expect(step.lease_id)
+            doorbell = self.backend.doorbell
+            bell = doorbell.expect(step.lease_id)
+            doorbell.watch()  # what made the grant may be another process
             # An injected clock moves only with the injected sleep: wait on that instead.
             rang = bell.wait(step.seconds if self._clock is None else 0.0)
             if not rang and self._clock is not None:
@@ -832,6 +835,7 @@ class AsyncLimiter(_LimiterCore):
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
+        self._guard.ring_through(self.backend.doorbell)
 
     _world = "async"
 
@@ -845,7 +849,9 @@ class AsyncLimiter(_LimiterCore):
         if isinstance(step, Sleep):
             await self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
-            bell = self.backend.doorbell.expect(step.lease_id)
+            doorbell = self.backend.doorbell
+            bell = doorbell.expect(step.lease_id)
+            doorbell.watch()
             rang = await bell.await_(step.seconds if self._clock is None else 0.0)
             if not rang and self._clock is not None:
                 await self._sleep(step.seconds)

@@ -11,6 +11,7 @@ first-come-first-served slot.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
@@ -415,7 +416,7 @@ class _AsyncReleasing(httpx.AsyncByteStream):
         try:
             await self._stream.aclose()
         finally:
-            await self._lease.release()
+            await asyncio.shield(self._lease.release())  # even when cancelled meanwhile
 
 
 def _drain(response: httpx.Response) -> None:

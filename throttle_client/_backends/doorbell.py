@@ -23,9 +23,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-# Rings for leases nobody waits for (yet, or any more): kept so that a grant that lands
-# between a waiter's queueing and its wait is not missed; the oldest are dropped.
-_KEPT = 4096
+# Bells kept at most: a waiter's bell is made before the call that may queue it (so a
+# grant that lands before its wait still rings it) and dropped after; past this many in
+# one process the oldest are dropped, and their waiters only look again on their own.
+_KEPT = 65536
 
 
 class Bell:
@@ -109,7 +110,6 @@ class Doorbell:
                 bell = self._bells[lease_id] = Bell()
                 while len(self._bells) > _KEPT:
                     self._bells.popitem(last=False)
-        self.watch()
         return bell
 
     def forget(self, lease_id: str) -> None:

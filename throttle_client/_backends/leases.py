@@ -113,9 +113,11 @@ def acquire(
     if not full:
         verdict = sliding_log.acquire_all(logs, op, now)
         if verdict.allowed:
+            # Held through the sleep to its slot too: renewals begin once the call goes.
+            start = max(verdict.slot_us, now)
             for view, charge in pairs:
                 view.dequeue(lease)
-                view.hold(lease, now + charge.quota.lease_ttl_us)
+                view.hold(lease, start + charge.quota.lease_ttl_us)
         return verdict
     # Some key is full: the earliest a lease there can end on its own is when to look
     # again, should no grant's ring come.

@@ -35,9 +35,8 @@ from .redis_clients import bounded, sync_copy
 
 log = logging.getLogger("throttle_client")
 
-# How long a first waiter waits for the subscription before it queues (a grant sent
-# before the subscription exists would be lost), and how long the thread outlives the
-# last waiter (so a steady trickle of waiters does not resubscribe each time).
+# How long the thread waits for its subscription's confirmation at a time, and how long
+# it outlives the last waiter (so a steady trickle of waiters does not resubscribe each time).
 _READY_WAIT = 1.0
 _IDLE_EXIT = 30.0
 
@@ -49,32 +48,34 @@ class RedisDoorbell(Doorbell):
         super().__init__()
         self._clients = clients  # connections to subscribe on: any node will do
         self._start = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None  # None: no subscriber runs
+        self._unable = False  # no way to subscribe with this client: waiters poll
         self._stop = threading.Event()
         self._open: list[Any] = []  # the subscription and its clients, for close()
 
     def watch(self) -> None:
+        """Start the subscriber if none runs. Never waits for it: a grant sent before
+        the subscription is found by the ring that follows every subscription."""
+        self._check_fork()
         with self._start:
-            if self._thread is None or not self._thread.is_alive():
-                self._ready.clear()
+            if self._thread is None and not self._unable:
                 self._stop = threading.Event()
                 self._thread = threading.Thread(
                     target=self._listen, args=(self._stop,), name="throttle-client-grants"
                 )
                 self._thread.daemon = True
                 self._thread.start()
-        self._ready.wait(_READY_WAIT)
 
     def forked(self) -> None:
         self._start = threading.Lock()
         self._thread = None
-        self._ready = threading.Event()
 
     def close(self) -> None:
         """Stop listening, and close the subscription's connection now (not whenever the
         thread next wakes)."""
         self._stop.set()
+        with self._start:
+            self._thread = None  # a later wait starts a new one
         for closable in self._open:
             with contextlib.suppress(Exception):
                 closable.close()
@@ -92,7 +93,8 @@ class RedisDoorbell(Doorbell):
                         "throttle_client: no way to subscribe to grants with this client; "
                         "waiters for a full cap look again every third of the lease TTL"
                     )
-                    self._ready.set()
+                    with self._start:
+                        self._unable, self._thread = True, None
                     return
                 channel = f"tc:w:{self.nonce}"
                 pubsub = clients[attempt % len(clients)].pubsub()  # type: ignore[no-untyped-call]
@@ -103,7 +105,6 @@ class RedisDoorbell(Doorbell):
                 while pubsub.get_message(timeout=_READY_WAIT) is None:  # the confirmation
                     if stop.is_set():
                         return
-                self._ready.set()
                 self.ring(self.waiting())  # whatever was sent before this subscription
                 while not stop.is_set() and channel == f"tc:w:{self.nonce}":
                     message = pubsub.get_message(timeout=1.0)
@@ -112,7 +113,11 @@ class RedisDoorbell(Doorbell):
                         self.ring([data.decode() if isinstance(data, bytes) else data])
                     idle = 0.0 if self.waiting() else idle + (0.0 if message else 1.0)
                     if idle >= _IDLE_EXIT:
-                        return
+                        with self._start:  # a waiter that comes now starts a new thread
+                            if not self.waiting():
+                                self._thread = None
+                                return
+                        idle = 0.0
             except Exception as exc:  # a thread's error reaches nobody: log, try again
                 log.debug("throttle_client: grant subscription lost (%s); again", exc)
                 attempt += 1

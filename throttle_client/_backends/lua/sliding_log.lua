@@ -245,12 +245,12 @@ end
 --   number;  A: zset lease id -> when its ticket dies unless its waiter asks again.
 -- A grant is published to the waiter's process channel, tc:w:<the id up to its '.'>.
 local function lease_key(h, q, a, cap, ttl)
-  return {hold = h, queue = q, alive = a, cap = cap, ttl = ttl, written = false}
+  return {hold = h, queue = q, alive = a, cap = cap, ttl = ttl, written = false, reach = 0}
 end
 
-local function touch(lk) -- nothing in a lease key outlives now + ttl: keep them that long
+local function touch(lk) -- nothing in a lease key outlives its latest expiry: keep them that long
   if lk.written then
-    local ms = format('%d', math.ceil(lk.ttl / 1000) + 1000)
+    local ms = format('%d', math.ceil((math.max(lk.reach, now + lk.ttl) - now) / 1000) + 1000)
     redis.call('PEXPIRE', lk.hold, ms)
     redis.call('PEXPIRE', lk.queue, ms)
     redis.call('PEXPIRE', lk.alive, ms)
@@ -260,6 +260,7 @@ end
 local function hold(lk, id, expiry)
   redis.call('ZADD', lk.hold, format('%d', expiry), id)
   lk.written = true
+  if expiry > lk.reach then lk.reach = expiry end
 end
 
 local function dequeue(lk, id)
@@ -432,9 +433,9 @@ if op == 'acquire_all' or op == 'lease' then
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
   end
   for i = 1, n do book(keys[i], slot, costs[i], id) end
-  for _, lk in ipairs(capped) do
+  for _, lk in ipairs(capped) do -- held through the sleep to its slot too
     dequeue(lk, lease)
-    hold(lk, lease, now + lk.ttl)
+    hold(lk, lease, math.max(slot, now) + lk.ttl)
     touch(lk)
   end
   return reply(remaining_all(slot, {1, now, slot, pause}))
