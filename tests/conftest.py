@@ -7,8 +7,10 @@ one fail with a message saying how to get one; they never skip.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -161,3 +163,16 @@ def make_limiter(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
     for close in closers:
         close()
     loop.close()
+
+
+@pytest.fixture(scope="module")
+def redis_stores() -> Iterator[dict[str, RedisBackend]]:
+    """One Redis and one Cluster backend for every example of the module: a client per
+    example would leave redis-py's Cluster sockets for the collector to find."""
+    stores: dict[str, RedisBackend] = {}
+    yield stores
+    for store in stores.values():
+        store.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -35,11 +34,10 @@ from throttle_client import (
     ThrottleTimeout,
 )
 from throttle_client._backends.base import AcquireAll, Charge, Quota, Release, Renew
-from throttle_client._backends.redis import lease_keys, redis_keys
 from throttle_client.testing import FakeClock
 
 from .model import CapModel, Model, StackedModel
-from .test_stacked import seen
+from .test_stacked import a_store, seen
 
 MS = 1000
 KEYS = ("token-a", "token-b", "account")
@@ -62,48 +60,6 @@ steps = st.lists(
     ),
     max_size=40,
 )
-
-
-@pytest.fixture(scope="module")
-def redis_stores() -> Iterator[dict[str, RedisBackend]]:
-    stores: dict[str, RedisBackend] = {}
-    yield stores
-    for store in stores.values():
-        store.close()
-
-
-class _Lasting(Backend):
-    """A Redis store whose keys do not expire while an example runs: Redis counts TTLs
-    in real time, the example's clock jumps by seconds in a few milliseconds."""
-
-    def __init__(self, backend: RedisBackend, names: dict[str, str]) -> None:
-        self.backend, self.names = backend, names
-
-    def execute(self, op: Any) -> Any:
-        answer = self.backend.execute(op)
-        client = self.backend.client
-        for name in self.names.values():
-            for stored in redis_keys(name) + lease_keys(name):
-                client.persist(stored)  # type: ignore[union-attr]
-        return answer
-
-
-@contextlib.contextmanager
-def a_store(
-    kind: str, request: pytest.FixtureRequest, shared: dict[str, RedisBackend]
-) -> Iterator[tuple[Backend, dict[str, str]]]:
-    n = next(_examples)
-    names = {key: f"cap{n}:{{t{n}}}{key}" for key in KEYS}
-    if kind == "memory":
-        yield MemoryBackend(), names
-    elif kind == "sqlite":
-        with tempfile.TemporaryDirectory() as folder, SQLiteBackend(Path(folder) / "s.db") as db:
-            yield db, names
-    else:
-        if kind not in shared:
-            server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
-            shared[kind] = RedisBackend(server.url, cluster=kind == "cluster")
-        yield _Lasting(shared[kind], names), names
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "cluster"])
@@ -194,13 +150,30 @@ def test_a_capped_limiter_admits_through_lease_only(make_limiter: Any) -> None:
         limiter.try_acquire("k")
 
 
+_opened: list[tuple[Any, Any]] = []  # (limiter, lease) entered by _enter in this test
+
+
+@pytest.fixture(autouse=True)
+def _leave_what_a_test_left() -> Iterator[None]:
+    """Leaves the leases a test kept (a lease dropped while held warns, as it should)."""
+    yield
+    while _opened:
+        limiter, lease = _opened.pop()
+        if isinstance(limiter, Limiter):
+            _leave(limiter, lease)
+        else:  # its event loop is closed by now: let it go without a word to the store
+            lease._held.ended = True
+
+
 def _enter(limiter: Any, key: str, **kwargs: Any) -> Any:
     """Enter a lease in either world; (lease, decision)."""
     lease = limiter.lease(key, **kwargs)
     if isinstance(limiter, Limiter):
-        return lease, lease.__enter__()
-    loop = limiter.loop
-    return lease, loop.run_until_complete(lease.__aenter__())
+        decision = lease.__enter__()
+    else:
+        decision = limiter.loop.run_until_complete(lease.__aenter__())
+    _opened.append((limiter, lease))
+    return lease, decision
 
 
 def _leave(limiter: Any, lease: Any) -> None:
@@ -527,3 +500,43 @@ def test_an_uncontended_lease_never_waits_for_a_subscription(redis_url: str) -> 
     finally:
         admin.execute_command("ACL", "DELUSER", "nosub")
         admin.close()
+
+
+# -- what a user is told -------------------------------------------------------------------
+
+
+def test_a_full_cap_says_so_and_names_what_frees_a_slot() -> None:
+    limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1)
+    full = pytest.raises(ThrottleTimeout, match="max_concurrent calls are in flight")
+    with limiter.lease("k"), full, limiter.lease("k", timeout=0):
+        pass
+
+
+def test_a_capped_partner_is_named_when_acquire_is_refused() -> None:
+    store = MemoryBackend()
+    plain = Limiter(store, rates=["10/second"], namespace="token")
+    account = Limiter(store, rates=["10/second"], namespace="account", max_concurrent=2)
+    with pytest.raises(ConfigurationError, match="also= \\(namespace 'account'\\)"):
+        plain.acquire("t", also=[(account, "acct")])
+
+
+def test_an_async_lease_entered_with_plain_with_says_to_use_async_with() -> None:
+    limiter = AsyncLimiter(MemoryBackend(), rates=["10/second"], max_concurrent=1)
+    with pytest.raises(TypeError, match="async with"), limiter.lease("k"):  # type: ignore[attr-defined]
+        pass
+
+
+def test_a_lease_ttl_without_a_cap_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="lease_ttl=5 without max_concurrent"):
+        Limiter(MemoryBackend(), rates=["10/second"], lease_ttl=5)
+
+
+def test_a_lease_dropped_while_held_warns() -> None:
+    import gc
+
+    limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1)
+    lease = limiter.lease("k")
+    lease.__enter__()
+    with pytest.warns(ResourceWarning, match="never ended"):
+        del lease
+        gc.collect()

@@ -7,10 +7,8 @@ pauses; a refusal writes nothing in any key's log."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from throttle_client._backends.base import (
     Pause,
     Quota,
 )
-from throttle_client._backends.redis import redis_keys
+from throttle_client._backends.redis import lease_keys, redis_keys
 from throttle_client._redis_server import free_port
 from throttle_client.testing import FakeClock
 
@@ -91,19 +89,6 @@ def wait_us(max_wait: int | None) -> int:
 _examples = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def redis_stores() -> Iterator[dict[str, RedisBackend]]:
-    """One Redis and one Cluster backend for every example of the module: a client per
-    example would leave redis-py's Cluster sockets for the collector to find."""
-    stores: dict[str, RedisBackend] = {}
-    yield stores
-    for store in stores.values():
-        store.close()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
 @contextlib.contextmanager
 def a_store(
     kind: str, request: pytest.FixtureRequest, shared: dict[str, RedisBackend]
@@ -135,7 +120,7 @@ class _Lasting(Backend):
         answer = self.backend.execute(op)
         client = self.backend.client
         for name in self.names.values():
-            for stored in redis_keys(name):
+            for stored in redis_keys(name) + lease_keys(name):  # (test_leases' too)
                 client.persist(stored)  # type: ignore[union-attr]
         return answer
 

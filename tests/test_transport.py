@@ -699,7 +699,7 @@ def test_a_route_can_match_by_method() -> None:
     assert not route.matches(httpx.Request("GET", "https://api.example.com/x"))
 
 
-@pytest.mark.parametrize("methods", ["POST", [""], [1]])
+@pytest.mark.parametrize("methods", ["POST", [""], [1], []])
 def test_bad_route_methods_are_refused_by_value(methods: Any) -> None:
     from throttle_client import MemoryBackend
 

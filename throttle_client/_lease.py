@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from datetime import timedelta
@@ -122,6 +123,19 @@ def _ending_failed(held: _Held, what: str, exc: Exception) -> None:
     log.log(level, "throttle_client: could not %s a lease (%s); it expires on its own", what, exc)
 
 
+def _never_ended(held: _Held) -> None:
+    """A lease collected while still held (an unclosed streamed response, a lease entered
+    and dropped): nothing renews it any more, and its slot frees when its TTL passes."""
+    if not held.ended and held.mine():
+        warnings.warn(
+            f"a lease on store key {held.charges[0].key} was never ended (an unclosed "
+            "streamed response? a lease entered but not left?): its slot stays taken until "
+            f"its lease_ttl ({held.limiter.lease_ttl:g}s) passes",
+            ResourceWarning,
+            stacklevel=1,
+        )
+
+
 class Lease:
     """A blocking lease: ``with limiter.lease(key) as decision:``. See the module."""
 
@@ -146,6 +160,7 @@ class Lease:
             held.done_waiting()
         if held.lease_id:
             _KEEPER.add(self)
+            weakref.finalize(self, _never_ended, held)
         return held.decision
 
     def __exit__(self, *exc_info: object) -> None:
@@ -202,7 +217,14 @@ class AsyncLease:
             self._renewal = asyncio.get_running_loop().create_task(
                 _renew_every(weakref.ref(self), held.every)
             )
+            weakref.finalize(self, _never_ended, held)
         return held.decision  # type: ignore[return-value]
+
+    def __enter__(self) -> None:
+        raise TypeError("an AsyncLimiter's lease is entered with `async with`, not `with`")
+
+    def __exit__(self, *exc_info: object) -> None:  # never entered: see __enter__
+        pass
 
     async def __aexit__(self, *exc_info: object) -> None:
         # Shielded: a task cancelled as it leaves (a cancel scope) still ends its lease.

@@ -132,7 +132,7 @@ class _LimiterCore:
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
-        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
+        lease_ttl: float | timedelta | None = None,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not 1 <= len(listed) <= MAX_RATES:
@@ -175,7 +175,14 @@ class _LimiterCore:
                 f"not {cap!r}"
             )
         self.max_concurrent = cap
-        ttl = bounded_seconds(lease_ttl, "lease_ttl", lowest=MIN_LEASE_TTL)
+        if lease_ttl is not None and cap is None:
+            raise ConfigurationError(
+                f"lease_ttl={lease_ttl!r} without max_concurrent: only a capped limiter's "
+                "calls hold leases"
+            )
+        ttl = bounded_seconds(
+            DEFAULT_LEASE_TTL if lease_ttl is None else lease_ttl, "lease_ttl", lowest=MIN_LEASE_TTL
+        )
         self.lease_ttl = ttl
         self._quota = Quota(
             limits=tuple((rate.limit, rate.period_us + margin_us) for rate in self.rates),
@@ -364,6 +371,16 @@ class _LimiterCore:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups, rates=rates)
                 if refusal:
                     return refused
+                if verdict.full:
+                    raise ThrottleTimeout(
+                        refused.retry_after,
+                        "no room within the timeout: the key's max_concurrent calls are in "
+                        "flight (a holder frees its slot when its call ends, a streamed "
+                        "response when it is closed); retry_after, "
+                        f"{refused.retry_after:.3f}s, is when the first lease would expire "
+                        "if its holder stopped renewing it",
+                        late_wakeups=late_wakeups,
+                    )
                 raise ThrottleTimeout(refused.retry_after, late_wakeups=late_wakeups)
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
@@ -445,10 +462,21 @@ class _LimiterCore:
 
     def _refuse_capped(self, also: Also, method: str) -> None:
         if self._capped(also):
+            which = (
+                "this limiter has"
+                if self.max_concurrent
+                else "a limiter in also= (namespace "
+                + ", ".join(
+                    repr(entry[0].namespace)
+                    for entry in also
+                    if getattr(entry[0], "max_concurrent", None)
+                )
+                + ") has"
+            )
             raise ConfigurationError(
-                f"{method}() admits a call but cannot know when it ends, and a limiter with "
-                "max_concurrent counts calls in flight: use `with limiter.lease(key):` (or "
-                "`async with`), the throttled transports or @throttled, which end the lease"
+                f"{method}() admits a call but cannot know when it ends, and {which} "
+                "max_concurrent, which counts calls in flight: use `with limiter.lease(key):` "
+                "(or `async with`), the throttled transports or @throttled, which end the lease"
             )
 
     def _waiting_flow(
@@ -636,9 +664,10 @@ class _LimiterCore:
 
     def __repr__(self) -> str:
         rates = ", ".join(map(repr, self.rates))
+        capped = f", max_concurrent={self.max_concurrent}" if self.max_concurrent else ""
         return (
             f"{type(self).__name__}(rates=[{rates}], min_interval={self.min_interval:g}, "
-            f"margin={self.margin:g}, namespace={self.namespace!r})"
+            f"margin={self.margin:g}{capped}, namespace={self.namespace!r})"
         )
 
 
@@ -660,6 +689,12 @@ class Limiter(_LimiterCore):
     ``retry_for`` seconds of retries: ``"raise"`` (BackendUnavailable, the default),
     ``"allow"`` (fail open) or ``LocalFallback(expected_workers=N)``.
 
+    ``max_concurrent``: the most calls of a key in flight at once, across every process
+    of the store; a call then holds a lease while it runs (:meth:`lease`, the transports,
+    ``@throttled``), and ``acquire``/``try_acquire`` are refused. ``lease_ttl`` (seconds,
+    default 30): how soon the lease of a holder that died (``kill -9``) frees its slot;
+    living holders renew theirs every third of it.
+
     ``clock`` and ``sleep`` are for tests (see ``throttle_client.testing``). With a
     clock, Redis follows it instead of its own TIME.
     """
@@ -679,7 +714,7 @@ class Limiter(_LimiterCore):
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
-        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
+        lease_ttl: float | timedelta | None = None,
     ) -> None:
         if not isinstance(backend, (Backend, AsyncBackend)):
             backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
@@ -748,6 +783,7 @@ class Limiter(_LimiterCore):
         also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
     ) -> Decision:
         """Book the earliest slot and sleep until it: one store round trip, one sleep.
+        (Refused on a limiter with ``max_concurrent``: use :meth:`lease`.)
 
         Raises ThrottleTimeout (with ``retry_after``), booking nothing, when the slot
         is more than ``timeout`` seconds away.
@@ -818,7 +854,7 @@ class AsyncLimiter(_LimiterCore):
         on_unavailable: OnUnavailable = "raise",
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
-        lease_ttl: float | timedelta = DEFAULT_LEASE_TTL,
+        lease_ttl: float | timedelta | None = None,
     ) -> None:
         super().__init__(
             rates=rates,

@@ -76,8 +76,10 @@ class Route(Generic[L]):
     def __post_init__(self) -> None:
         object.__setattr__(self, "also", _checked_also(self.also))
         if self.methods is not None:
-            if isinstance(self.methods, str) or not all(
-                isinstance(m, str) and m for m in self.methods
+            if (
+                isinstance(self.methods, str)
+                or not self.methods
+                or not all(isinstance(m, str) and m for m in self.methods)
             ):
                 raise ConfigurationError(
                     f"a route's methods must be a collection of HTTP method names, such as "
@@ -454,6 +456,10 @@ class ThrottledTransport(httpx.BaseTransport):
     limit); beyond it ``ThrottleTimeout`` propagates to the caller and nothing is sent.
     When the attempts run out the last response is returned, whatever its status.
     Closing the transport closes ``transport`` (default ``httpx.HTTPTransport()``).
+
+    On a limiter with ``max_concurrent`` each request holds a lease from its admission
+    until its response is closed: read (``client.get``), or, streamed, closed by you
+    (``with client.stream(...)``); a body already in memory ends it at once.
     """
 
     def __init__(

@@ -85,9 +85,10 @@ class Verdict:
     remaining: tuple[int, ...]
     # A capped call that found a key full and was queued (``slot_us`` is then when to
     # look again if nothing wakes it: the earliest a holder's lease can expire), and
-    # whether it heads every queue it is in.
+    # whether it heads every queue it is in; ``full``: refused or queued for a full cap.
     waiting: bool = False
     head: bool = False
+    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,33 +167,30 @@ class AcquireAll(Op[Verdict]):
 
 
 @dataclass(frozen=True)
-class Release(Op[None]):
-    """End lease ``lease_id`` on the capped keys of ``charges`` (held or still waited
-    for); the capacity it frees goes to the next waiters, in order. Idempotent: a lease
-    already released or expired frees nothing, least of all another's."""
+class _OnLease:
+    """What ends or renews a lease names: the call's keys, and the lease."""
 
     charges: tuple[Charge, ...]
     lease_id: str
     now_us: int | None = None
 
     @property
-    def key(self) -> str:  # type: ignore[override]
+    def key(self) -> str:
         return self.charges[0].key
 
 
 @dataclass(frozen=True)
-class Renew(Op[bool]):
+class Release(_OnLease, Op[None]):  # type: ignore[override]  # key: a property
+    """End lease ``lease_id`` on the capped keys of ``charges`` (held or still waited
+    for); the capacity it frees goes to the next waiters, in order. Idempotent: a lease
+    already released or expired frees nothing, least of all another's."""
+
+
+@dataclass(frozen=True)
+class Renew(_OnLease, Op[bool]):  # type: ignore[override]  # key: a property
     """Extend lease ``lease_id`` by each key's lease TTL. False if some key had lost
     it (it expired, or the store lost it): it is held again, even over the cap, since
     the call it stands for is in flight."""
-
-    charges: tuple[Charge, ...]
-    lease_id: str
-    now_us: int | None = None
-
-    @property
-    def key(self) -> str:  # type: ignore[override]
-        return self.charges[0].key
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def acquire(
     pause = max(log.pause_until for log in logs)
     remaining = sliding_log.remaining_all(logs, op.charges, now)
     if op.max_wait_us == 0:  # try: refused, and nothing of it is written
-        return Verdict(False, now, hint, pause, remaining)
+        return Verdict(False, now, hint, pause, remaining, full=True)
     number = 1 + max(view.newest_ticket() for view, _ in pairs)
     for view, charge in pairs:
         alive = now + charge.quota.lease_ttl_us
@@ -139,7 +139,7 @@ def acquire(
         else:
             view.enqueue(lease, number, alive)
     head = all(view.head(now) == lease for view in blocked)
-    return Verdict(False, now, hint, pause, remaining, waiting=True, head=head)
+    return Verdict(False, now, hint, pause, remaining, waiting=True, head=head, full=True)
 
 
 def release(views: Sequence[LeaseView], op: Release, now: int, granted: list[str]) -> None:

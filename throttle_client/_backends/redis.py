@@ -164,10 +164,11 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
             notice(op.charges[int(index) - 1].key, part)
     values = [int(word) for word in words]
     if isinstance(op, (Acquire, AcquireAll)):
-        # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head.
+        # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head,
+        # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
-        waiting, head = allowed >= 2, allowed == 3
-        verdict = Verdict(allowed == 1, now, slot, pause, tuple(remaining), waiting, head)
+        waiting, head, full = allowed in (2, 3), allowed == 3, allowed >= 2
+        verdict = Verdict(allowed == 1, now, slot, pause, tuple(remaining), waiting, head, full)
         return cast(T, verdict)
     if isinstance(op, Renew):
         return cast(T, bool(values[0]))

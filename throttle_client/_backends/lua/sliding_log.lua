@@ -399,9 +399,9 @@ if op == 'acquire_all' or op == 'lease' then
       if e and (not hint or tonumber(e) < hint) then hint = tonumber(e) end
     end
     hint = hint or now
-    if max_wait == 0 then -- try: refused, and nothing of it is written
+    if max_wait == 0 then -- try: refused (4: for a full cap), and nothing of it is written
       for _, lk in ipairs(capped) do touch(lk) end
-      return reply(remaining_all(now, {0, now, hint, pause}))
+      return reply(remaining_all(now, {4, now, hint, pause}))
     end
     local number = 0
     for _, lk in ipairs(capped) do
