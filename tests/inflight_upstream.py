@@ -108,6 +108,17 @@ class InflightUpstream:
         with self._lock:
             return self._peak[key]
 
+    def most_in_any_window(self, key: str, period: float) -> int:
+        """The most arrivals of ``key`` within any ``period`` seconds."""
+        with self._lock:
+            arrivals = sorted(self._arrivals[key])
+        most, first = 0, 0
+        for last, t in enumerate(arrivals):
+            while t - arrivals[first] >= period:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
+
     def occupancy(self, key: str, cap: int) -> Occupancy:
         """Time at ``cap`` and mean count for ``key``, from when it first reaches the cap
         to its last arrival:
