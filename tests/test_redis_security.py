@@ -3,6 +3,7 @@ user holding exactly the permissions the README documents."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -103,3 +104,39 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
     finally:
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+@pytest.mark.parametrize("world", ["sync", "async"])
+def test_a_capped_limiter_over_tls_wakes_its_waiter(tls_server, world: str) -> None:
+    """The grant's subscriber connects as the store's client does: over TLS, same CA."""
+    _, tls_port, certs = tls_server
+    url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={certs['ca']}"
+    if world == "sync":
+        limiter = Limiter(RedisBackend(url), rates=["100/second"], max_concurrent=1, margin=0)
+        holder = limiter.lease("token")
+        holder.__enter__()
+        threading.Timer(0.2, holder.release).start()
+        started = time.monotonic()
+        with limiter.lease("token", timeout=5):
+            took = time.monotonic() - started
+        limiter.backend.close()
+    else:
+        from throttle_client import AsyncLimiter, AsyncRedisBackend
+
+        async def main() -> float:
+            limiter = AsyncLimiter(
+                AsyncRedisBackend(url), rates=["100/second"], max_concurrent=1, margin=0
+            )
+            holder = limiter.lease("token")
+            await holder.__aenter__()
+            asyncio.get_running_loop().call_later(
+                0.2, lambda: asyncio.ensure_future(holder.release())
+            )
+            started = time.monotonic()
+            async with limiter.lease("token", timeout=5):
+                took = time.monotonic() - started
+            await limiter.backend.aclose()
+            return took
+
+        took = asyncio.run(main())
+    assert 0.15 < took < 1.5  # woken by the grant, not looking again 10 s later

@@ -159,13 +159,27 @@ def subscriber_clients(client: Any) -> list[redis.Redis]:
     return []
 
 
+# What a subscriber needs of a client's settings to reach the same server as the same
+# user; the rest (parsers, retry objects, handlers) differs between redis-py's worlds
+# and versions, and an asyncio one breaks a sync connection.
+_KEPT = ("host", "port", "path", "db", "username", "password", "credential_provider",
+         "client_name", "socket_connect_timeout", "socket_keepalive")  # fmt: skip
+
+
 def _plain(kwargs: dict[str, Any], kind: type) -> redis.Redis:
     """A sync client of one connection with these settings (an asyncio connection class
     becomes the sync class of the same name)."""
-    sync_kind = getattr(redis.connection, kind.__name__, redis.connection.Connection)
-    for key in ("connection_class", "host_address"):
-        kwargs.pop(key, None)
-    settings = bounded(kwargs, asyncio=False)
+    tls = {key: value for key, value in kwargs.items() if key.startswith("ssl_")}
+    if kwargs.get("ssl") or tls or "SSL" in kind.__name__:
+        sync_kind: type = redis.connection.SSLConnection
+    elif "path" in kwargs or "Unix" in kind.__name__:
+        sync_kind = redis.connection.UnixDomainSocketConnection
+    else:
+        sync_kind = redis.connection.Connection
+    settings = {key: kwargs[key] for key in _KEPT if key in kwargs}
+    if sync_kind is redis.connection.SSLConnection:
+        settings.update(tls)
+    settings = bounded(settings, asyncio=False)
     settings["socket_timeout"] = None  # a subscriber waits for messages as long as it takes
     pool = redis.ConnectionPool(connection_class=sync_kind, max_connections=2, **settings)
     return redis.Redis(connection_pool=pool)
