@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import multiprocessing
+import threading
 import time
 from collections.abc import Iterator
 
@@ -47,7 +48,18 @@ def test_a_sentinel_managed_client_runs_the_limiter(sentinel_servers: RedisSenti
         time.sleep(0.05)
     assert replica.dbsize() == 2
     replica.close()
+    # A capped limiter on it: the grant's subscriber finds the master through Sentinel.
+    capped = Limiter(RedisBackend(client), rates=["100/second"], max_concurrent=1, margin=0)
+    holder = capped.lease("token")
+    holder.__enter__()
+    threading.Timer(0.2, holder.release).start()
+    started = time.monotonic()
+    with capped.lease("token", timeout=5):
+        assert time.monotonic() - started < 1.5  # woken, not looking again 10 s later
+    capped.backend.close()
     client.close()
+    for connection in sentinel.sentinels:  # the Sentinel's own connections
+        connection.close()
 
 
 def test_master_killed_under_load_calls_resume_and_nothing_is_over_admitted(

@@ -76,9 +76,8 @@ class RedisDoorbell(Doorbell):
         self._stop.set()
         with self._start:
             self._thread = None  # a later wait starts a new one
-        for closable in self._open:
-            with contextlib.suppress(Exception):
-                closable.close()
+        if self._open:
+            _close(self._open[0], self._open[1:])
 
     def _listen(self, stop: threading.Event) -> None:
         attempt = 0
@@ -123,10 +122,19 @@ class RedisDoorbell(Doorbell):
                 attempt += 1
                 stop.wait(0.2)
             finally:
-                for closable in [pubsub, *clients]:
-                    if closable is not None:
-                        with contextlib.suppress(Exception):  # a broken connection
-                            closable.close()
+                _close(pubsub, clients)
+
+
+def _close(pubsub: Any, clients: list[redis.Redis]) -> None:
+    """Close a subscription and the clients made for it, pools included (a client given
+    a pool leaves it open when closed)."""
+    for close in [
+        *([pubsub.close] if pubsub is not None else []),
+        *(client.close for client in clients),
+        *(client.connection_pool.disconnect for client in clients),
+    ]:
+        with contextlib.suppress(Exception):  # a broken connection
+            close()
 
 
 def subscriber_clients(client: Any) -> list[redis.Redis]:
