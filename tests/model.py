@@ -267,3 +267,8 @@ class CapModel:
                 self._drop_ticket(key, lease)
             self.holders[key][lease] = now + self.caps[key][1]
         return kept, granted
+
+    def counts(self, key: str, now: int) -> tuple[int, int]:
+        """(leases held, live tickets) of ``key`` at ``now``."""
+        held = sum(1 for expiry in self.holders.get(key, {}).values() if expiry > now)
+        return held, sum(1 for ticket in self.tickets.get(key, []) if ticket[2] > now)

@@ -33,7 +33,7 @@ from throttle_client import (
     SQLiteBackend,
     ThrottleTimeout,
 )
-from throttle_client._backends.base import AcquireAll, Charge, Quota, Release, Renew
+from throttle_client._backends.base import AcquireAll, Charge, Inspect, Quota, Release, Renew
 from throttle_client.testing import FakeClock
 
 from .model import CapModel, Model, StackedModel
@@ -122,6 +122,9 @@ def test_leases_agree_with_the_reference_model(
                 else:
                     kept = store.execute(Renew(charges, lease, now_us=now))
                     assert kept == model.renew(lease, keys, now)[0], step
+            for key in model.caps:  # usage(): the calls in flight and waiting, per key
+                snap = store.execute(Inspect(names[key], quota[key], now_us=now))
+                assert (snap.in_flight, snap.waiting) == model.counts(key, now), (key, step)
 
 
 def test_a_grant_rings_the_waiter_it_admits_and_no_other() -> None:
@@ -550,3 +553,14 @@ def test_a_lease_dropped_while_held_warns() -> None:
     with pytest.warns(ResourceWarning, match="never ended"):
         del lease
         gc.collect()
+
+
+def test_usage_counts_the_calls_in_flight_and_waiting(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["100/second"], max_concurrent=2, lease_ttl=30)
+    assert (limiter.usage("k").in_flight, limiter.usage("k").waiting) == (0, 0)
+    _enter(limiter, "k")
+    _enter(limiter, "k")
+    held = limiter.usage("k")
+    assert (held.in_flight, held.waiting) == (2, 0)
+    plain = make_limiter(rates=["100/second"], backend=limiter.backend, namespace="plain")
+    assert (plain.usage("k").in_flight, plain.usage("k").waiting) == (None, None)

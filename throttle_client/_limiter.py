@@ -647,6 +647,8 @@ class _LimiterCore:
             next_slot_in=_seconds(max(0, snap.next_slot_us - now)),
             paused_for=_seconds(max(0, snap.pause_until_us - now)),
             paused_until=_seconds(snap.pause_until_us) if snap.pause_until_us > now else None,
+            in_flight=snap.in_flight if self.max_concurrent else None,
+            waiting=snap.waiting if self.max_concurrent else None,
         )
 
     def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:

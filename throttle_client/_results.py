@@ -70,3 +70,7 @@ class Usage:
     next_slot_in: float
     paused_for: float
     paused_until: float | None
+    # A limiter with max_concurrent: the key's calls in flight (leases held) and the
+    # calls waiting for room, across every worker; None without a cap.
+    in_flight: int | None = None
+    waiting: int | None = None

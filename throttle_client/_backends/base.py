@@ -101,6 +101,8 @@ class Snapshot:
     booked: int  # units in slots after now
     used: tuple[int, ...]  # per rate, units in slots in the window (now - period, now]
     ready_at_us: tuple[int, ...]  # per rate, when a call of cost 1 fits it (>= now)
+    in_flight: int = 0  # a capped key: leases held (unexpired)
+    waiting: int = 0  # a capped key: live tickets queued
 
 
 @dataclass(frozen=True)

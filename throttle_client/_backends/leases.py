@@ -29,11 +29,12 @@ The memory and SQLite stores run this module; the Redis script mirrors it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
 from . import sliding_log
-from .base import AcquireAll, Charge, Release, Renew, Verdict
+from .base import AcquireAll, Charge, Release, Renew, Snapshot, Verdict
 
 
 class LeaseView(Protocol):
@@ -71,6 +72,9 @@ class LeaseView(Protocol):
         """A queued ticket lives on until ``alive_until`` (its number is kept)."""
 
     def dequeue(self, lease_id: str) -> bool: ...
+
+    def counts(self, now: int) -> tuple[int, int]:
+        """(leases held, live tickets) at ``now``, read only."""
 
 
 def capped(charges: Sequence[Charge]) -> list[int]:
@@ -162,3 +166,11 @@ def renew(views: Sequence[LeaseView], op: Renew, now: int, granted: list[str]) -
             view.dequeue(op.lease_id)
         view.hold(op.lease_id, now + charge.quota.lease_ttl_us)
     return kept
+
+
+def with_counts(snapshot: Snapshot, view: LeaseView | None, now: int) -> Snapshot:
+    """``snapshot`` with the calls in flight and waiting of a capped key."""
+    if view is None:
+        return snapshot
+    in_flight, waiting = view.counts(now)
+    return dataclasses.replace(snapshot, in_flight=in_flight, waiting=waiting)

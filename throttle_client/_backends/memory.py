@@ -8,7 +8,18 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
 from . import leases, sliding_log
-from .base import AcquireAll, Backend, InlineAsync, Op, Release, Renew, Reset, host_clock
+from .base import (
+    AcquireAll,
+    Backend,
+    InlineAsync,
+    Inspect,
+    Op,
+    Release,
+    Renew,
+    Reset,
+    Snapshot,
+    host_clock,
+)
 
 T = TypeVar("T")
 
@@ -136,6 +147,10 @@ class _MemoryLeases:
     def dequeue(self, lease_id: str) -> bool:
         return self.queue.pop(lease_id, None) is not None
 
+    def counts(self, now: int) -> tuple[int, int]:
+        held = sum(1 for expiry in self.holders.values() if expiry > now)
+        return held, sum(1 for _, alive in self.queue.values() if alive > now)
+
 
 class MemoryBackend(Backend):
     """Keeps logs in this process; safe under threads and asyncio tasks.
@@ -190,6 +205,9 @@ class MemoryBackend(Backend):
             result = sliding_log.execute(logs[0], op, now)
             if isinstance(op, Reset):
                 self._leases.pop(op.key, None)
+            elif isinstance(op, Inspect) and op.quota.max_concurrent:
+                snapshot = cast(Snapshot, result)
+                result = cast(T, leases.with_counts(snapshot, self._leases.get(op.key), now))
         for key, log in zip(keys, logs, strict=True):
             if not log.times and log.pause_until <= now and log.last is None:
                 del self._logs[key]

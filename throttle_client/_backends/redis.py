@@ -132,6 +132,8 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
         return keys, (b"acquire", quota, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
+    if op.quota.max_concurrent:  # it counts the calls in flight and waiting too
+        keys += lease_keys(op.key)
     return keys, (b"inspect", quota, now)
 
 
@@ -173,9 +175,9 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     if isinstance(op, Renew):
         return cast(T, bool(values[0]))
     if isinstance(op, Inspect):
-        now, next_slot, pause, booked, *per_rate = values
+        now, next_slot, pause, booked, in_flight, queued, *per_rate = values
         used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
-        return cast(T, Snapshot(now, next_slot, pause, booked, used, ready))
+        return cast(T, Snapshot(now, next_slot, pause, booked, used, ready, in_flight, queued))
     if isinstance(op, Pause):
         return cast(T, values[0])
     return cast(T, None)

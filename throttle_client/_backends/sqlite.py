@@ -47,6 +47,7 @@ from .base import (
     Release,
     Renew,
     Reset,
+    Snapshot,
     ThreadedAsync,
     host_clock,
 )
@@ -113,6 +114,8 @@ _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIM
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
 _HOLDING = "SELECT count(*) FROM tc_holders WHERE key = ?"
+_IN_FLIGHT = "SELECT count(*) FROM tc_holders WHERE key = ? AND expires_at > ?"
+_WAITING = "SELECT count(*) FROM tc_tickets WHERE key = ? AND alive_until > ?"
 _HOLDS = "SELECT 1 FROM tc_holders WHERE key = ? AND lease_id = ?"
 _UNHOLD = "DELETE FROM tc_holders WHERE key = ? AND lease_id = ?"
 _EARLIEST = "SELECT min(expires_at) FROM tc_holders WHERE key = ?"
@@ -147,6 +150,8 @@ LOOKUPS = (
     _DEQUEUE,
     _FORGET_HOLDERS,
     _FORGET_TICKETS,
+    _IN_FLIGHT,
+    _WAITING,
 )
 
 _EXPIRED_HOLDERS = "SELECT key, lease_id FROM tc_holders WHERE expires_at <= ? LIMIT ?"
@@ -354,6 +359,11 @@ class _SQLiteLeases:
 
     def dequeue(self, lease_id: str) -> bool:
         return self.db.execute(_DEQUEUE, (self.key, lease_id)).rowcount > 0
+
+    def counts(self, now: int) -> tuple[int, int]:
+        held: int = self._one(_IN_FLIGHT, now)
+        waiting: int = self._one(_WAITING, now)
+        return held, waiting
 
 
 class _RepairNeeded(Exception):
@@ -636,6 +646,10 @@ class SQLiteBackend(Backend):
                     result = cast(T, sliding_log.acquire_all(logs, op, now))
                 else:
                     result = sliding_log.execute(logs[0], op, now)
+                    if isinstance(op, Inspect) and op.quota.max_concurrent:
+                        snapshot = cast(Snapshot, result)
+                        view = _SQLiteLeases(db, op.key)
+                        result = cast(T, leases.with_counts(snapshot, view, now))
                     if isinstance(op, Reset):  # forget all: its leases and waiters too
                         db.execute(_FORGET_HOLDERS, (op.key,))
                         db.execute(_FORGET_TICKETS, (op.key,))

@@ -27,7 +27,8 @@
 -- to read than an array:
 --   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING...  (acquire_all: each key's
 --   rates in turn, PAUSE the latest)   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
---   pause: PAUSE NOW   reset: 1
+--   pause: PAUSE NOW   reset: 1   (inspect: IN_FLIGHT WAITING follow BOOKED, 0 0 uncapped;
+--   a capped key's inspect gives its H, Q, A after L and M)
 --
 -- `first` (the oldest logged slot) lets a window that starts before it skip its
 -- lookup; trimming runs in batches, once that entry is a tenth of the longest
@@ -471,7 +472,13 @@ end
 
 if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)
   local through_now = cum_through(k, now)
-  local answer = {now, earliest_slot(k, 1), k.pause, k.total - through_now}
+  local in_flight, waiting = 0, 0
+  if KEYS[5] then -- a capped key's holders and tickets, read only: (now, +inf)
+    local after = '(' .. format('%d', now)
+    in_flight = redis.call('ZCOUNT', KEYS[3], after, '+inf')
+    waiting = redis.call('ZCOUNT', KEYS[5], after, '+inf')
+  end
+  local answer = {now, earliest_slot(k, 1), k.pause, k.total - through_now, in_flight, waiting}
   for i = 1, q.nrates do
     local ready, target = now, k.total - q.limits[i] + 1 -- when a call of cost 1 fits rate i
     if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
