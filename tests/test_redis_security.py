@@ -95,6 +95,7 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         with capped.lease("token", timeout=5):
             pass
         assert time.monotonic() - started < 1.5  # woken, not looking again 10 s later
+        assert capped.usage("token").in_flight == 0
         capped.backend.close()
         limiter.backend.close()
         restricted = redis.Redis.from_url(url)
