@@ -564,3 +564,25 @@ def test_usage_counts_the_calls_in_flight_and_waiting(make_limiter: Any) -> None
     assert (held.in_flight, held.waiting) == (2, 0)
     plain = make_limiter(rates=["100/second"], backend=limiter.backend, namespace="plain")
     assert (plain.usage("k").in_flight, plain.usage("k").waiting) == (None, None)
+
+
+def test_a_renewal_stuck_on_a_slow_store_does_not_hold_up_the_others() -> None:
+    renewed: dict[str, int] = {}
+
+    class Slow(MemoryBackend):
+        def execute(self, op: Any) -> Any:
+            if isinstance(op, Renew):
+                key = "stuck" if "stuck" in str(op.charges[0].key) else "free"
+                renewed[key] = renewed.get(key, 0) + 1
+                if key == "stuck":
+                    time.sleep(1.0)
+            return super().execute(op)
+
+    store = Slow()
+    stuck = Limiter(store, rates=["100/second"], max_concurrent=1, lease_ttl=0.3, namespace="stuck")
+    free = Limiter(store, rates=["100/second"], max_concurrent=1, lease_ttl=0.3, namespace="free")
+    with stuck.lease("k"):
+        time.sleep(0.15)  # its first renewal is due at 0.1 s, and takes a second
+        with free.lease("k"):
+            time.sleep(0.8)
+    assert renewed.get("free", 0) >= 4  # every 0.1 s, while the other renewal hangs

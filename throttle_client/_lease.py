@@ -25,6 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from ._limiter import AsyncLimiter, Limiter, _LimiterCore
 
 log = logging.getLogger("throttle_client")
+
+_RENEWERS = 4  # threads per process that renew blocking leases
 
 
 class _Held:
@@ -267,8 +270,10 @@ async def _renew_every(lease: weakref.ref[AsyncLease], every: float) -> None:
 
 
 class _Keeper:
-    """One thread per process renews every blocking lease, each every third of its TTL.
-    It holds them weakly: a lease dropped without being released stops being renewed."""
+    """One thread per process schedules the renewal of every blocking lease, each every
+    third of its TTL, and a few worker threads make them: a renewal stuck on a slow store
+    (a SQLite lock held for seconds) does not hold up the others'. Leases are held
+    weakly: one dropped without being released stops being renewed."""
 
     def __init__(self) -> None:
         self.reset()
@@ -278,12 +283,14 @@ class _Keeper:
         self._cond = threading.Condition()
         self._due: list[tuple[float, int, weakref.ref[Lease], float]] = []
         self._order = itertools.count()
+        self._workers: ThreadPoolExecutor | None = None
 
     def add(self, lease: Lease) -> None:
         every = lease._held.every
         with self._cond:
             if self._pid != os.getpid():  # the first lease, or the first after a fork
                 self._pid, self._due = os.getpid(), []
+                self._workers = ThreadPoolExecutor(_RENEWERS, "throttle-client-renew")
                 thread = threading.Thread(target=self._run, name="throttle-client-leases")
                 thread.daemon = True
                 thread.start()
@@ -307,13 +314,21 @@ class _Keeper:
                     self._cond.wait(wait)
                     continue
                 heapq.heappop(self._due)
+                workers = self._workers
             lease = ref()
-            if lease is None or lease._held.ended:
+            if lease is None or lease._held.ended or workers is None:
                 continue
-            lease._renew()
-            with self._cond:
-                heapq.heappush(self._due, (time.monotonic() + every, next(self._order), ref, every))
-            del lease
+            del lease  # the worker takes it from the weak reference, as it runs
+            workers.submit(self._renew, ref, every)
+
+    def _renew(self, ref: weakref.ref[Lease], every: float) -> None:
+        lease = ref()
+        if lease is None or lease._held.ended:
+            return
+        lease._renew()
+        with self._cond:
+            heapq.heappush(self._due, (time.monotonic() + every, next(self._order), ref, every))
+            self._cond.notify()
 
 
 _KEEPER = _Keeper()
