@@ -520,7 +520,7 @@ def test_an_uncontended_lease_never_waits_for_a_subscription(redis_url: str) -> 
 
 def test_a_full_cap_says_so_and_names_what_frees_a_slot() -> None:
     limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=1)
-    full = pytest.raises(ThrottleTimeout, match="max_concurrent calls are in flight")
+    full = pytest.raises(ThrottleTimeout, match="max_concurrent calls in flight")
     with limiter.lease("k"), full, limiter.lease("k", timeout=0):
         pass
 
@@ -586,3 +586,32 @@ def test_a_renewal_stuck_on_a_slow_store_does_not_hold_up_the_others() -> None:
         with free.lease("k"):
             time.sleep(0.8)
     assert renewed.get("free", 0) >= 4  # every 0.1 s, while the other renewal hangs
+
+
+def test_a_refused_subscription_is_said_once_and_not_retried(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import redis
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "nochan", "on", ">pw", "~*", "resetchannels", "+@all")
+    url = redis_url.replace("redis://", "redis://nochan:pw@")
+    try:
+        limiter = Limiter(
+            RedisBackend(url), rates=["100/second"], max_concurrent=1, lease_ttl=0.6, margin=0
+        )
+        holder = limiter.lease("k")
+        holder.__enter__()
+        threading.Timer(0.1, holder.release).start()
+        with caplog.at_level("WARNING", logger="throttle_client"):
+            with limiter.lease("k", timeout=5):  # served all the same, by looking again
+                pass
+            time.sleep(0.3)
+        said = [r for r in caplog.records if "refused the subscription" in r.getMessage()]
+        assert len(said) == 1
+        doorbell = limiter.backend.doorbell
+        assert doorbell._unable and doorbell._thread is None  # no thread keeps trying
+        limiter.backend.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nochan")
+        admin.close()

@@ -706,3 +706,11 @@ def test_bad_route_methods_are_refused_by_value(methods: Any) -> None:
     limiter = Limiter(MemoryBackend(), rates=["1/hour"])
     with pytest.raises(ConfigurationError, match="methods"):
         Route(limiter, methods=methods)
+
+
+def test_route_methods_may_be_any_iterable() -> None:
+    from throttle_client import MemoryBackend
+
+    limiter = Limiter(MemoryBackend(), rates=["1/hour"])
+    route = Route(limiter, methods=(m for m in ["post"]))
+    assert route.matches(httpx.Request("POST", "https://api.example.com/x"))

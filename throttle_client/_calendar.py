@@ -4,26 +4,34 @@ A calendar rate ("10000 per day, resetting at midnight in America/Los_Angeles", 
 from the 30th of each month") counts calls in fixed windows aligned to a calendar in a
 time zone, not in a window that slides. Which window a moment falls in is a question
 of time-zone rules, which only Python has (the Lua script has no zone data): so the
-limiter computes the window's bounds here, in epoch microseconds, and the store only
-compares them with its own clock.
+limiter computes the window's bounds here, in whole epoch microseconds (the stores'
+unit, exact in integers), and the store only compares them with its own clock.
 
-Bounds are local wall-clock boundaries turned into instants, so a day is 23 or 25
-hours long on the days a zone's clocks change, and a boundary that falls in a skipped
-hour (a zone whose midnight does not exist on its DST day) is the first instant after
-the gap. A month anchored on day 29, 30 or 31 begins on the last day of a shorter month
-(anchor 30 January: 28 February, then 30 March), as subscription renewals do.
+- Days, weeks (from Monday) and months begin at a local midnight, turned into an
+  instant: the first instant the local clock reads that midnight or later. So a day is
+  23 or 25 hours long when the clocks change, a day whose midnight is skipped (America/
+  Havana) begins when the clocks jump, and a month anchored on day 29, 30 or 31 begins
+  on the last day of a shorter month (anchor 30 January: 28 February, then 30 March).
+  The boundaries are instants, in order, and the windows lie between them: where the
+  clocks go back across midnight (St John's 1987) the repeated stretch of the old date
+  belongs to the window that began at the first midnight.
+- Minutes and hours are real ones, aligned to the local clock: the repeated hour when
+  DST ends is two windows, and a change of offset that is not whole hours (Lord Howe's
+  30 minutes) cuts the window it falls in at the change.
 """
 
 from __future__ import annotations
 
 import calendar
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ._errors import ConfigurationError
 
 UNITS = ("minute", "hour", "day", "week", "month")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -52,39 +60,60 @@ class CalendarWindow:
         if day != 1 and self.unit != "month":
             raise ConfigurationError(f"anchor_day applies to monthly windows, not to {self.unit!r}")
 
-    def bounds(self, moment: float) -> tuple[float, float]:
-        """(start, end) in epoch seconds of the window that holds ``moment``:
+    def bounds(self, moment_us: int) -> tuple[int, int]:
+        """(start, end), epoch µs, of the window that holds ``moment_us``:
         start <= moment < end."""
         zone = ZoneInfo(self.tz)
-        local = datetime.fromtimestamp(moment, zone)
+        local = (_EPOCH + moment_us * _US).astimezone(zone)
         if self.unit in ("minute", "hour"):
-            # Real minutes and hours, aligned to the local clock: a repeated hour at the
-            # end of DST is two windows, as it is two hours of calls. A change of offset
-            # that is not whole hours (Lord Howe's 30 minutes) cuts the window it falls
-            # in at the change.
-            into = local.second + local.microsecond / 1e6
+            into = (local.second * 1_000_000) + local.microsecond
             if self.unit == "hour":
-                into += local.minute * 60
-            start = moment - into
-            end = start + (60.0 if self.unit == "minute" else 3600.0)
+                into += local.minute * 60_000_000
+            start = moment_us - into
+            end = start + (60_000_000 if self.unit == "minute" else 3_600_000_000)
             offset = local.utcoffset()
             if _offset(start, zone) != offset:
-                start = _change_between(start, moment, zone)
+                start = _change_between(start, moment_us, zone)
             if _offset(end - 1, zone) != offset:
-                end = _change_between(moment, end - 1, zone)
+                end = _change_between(moment_us, end - 1, zone)
             return start, end
-        midnight = local.replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
+        wall = self._first_wall(local.replace(tzinfo=None))
+        start, end = _instant(wall, zone), _instant(self._next_wall(wall), zone)
+        # The boundaries are instants in order: where the clocks went back across a
+        # boundary, the moment may lie past the next one, or before this one.
+        while end <= moment_us:
+            wall = self._next_wall(wall)
+            start, end = end, _instant(self._next_wall(wall), zone)
+        while start > moment_us:
+            wall = self._previous_wall(wall)
+            start, end = _instant(wall, zone), start
+        return start, end
+
+    def _first_wall(self, wall: datetime) -> datetime:
+        """The naive local start of the window holding local wall time ``wall``."""
+        midnight = wall.replace(hour=0, minute=0, second=0, microsecond=0)
         if self.unit == "day":
-            first, after = midnight, midnight + timedelta(days=1)
-        elif self.unit == "week":  # ISO weeks, from Monday
-            first = midnight - timedelta(days=midnight.weekday())
-            after = first + timedelta(weeks=1)
-        else:
-            first = _anchored(midnight.year, midnight.month, self.anchor_day)
-            if first > midnight:  # this month's anchor is still ahead: it began last month
-                first = _anchored(*_month_before(midnight.year, midnight.month), self.anchor_day)
-            after = _anchored(*_month_after(first.year, first.month), self.anchor_day)
-        return _instant(first, zone), _instant(after, zone)
+            return midnight
+        if self.unit == "week":  # ISO weeks, from Monday
+            return midnight - timedelta(days=midnight.weekday())
+        first = _anchored(midnight.year, midnight.month, self.anchor_day)
+        if first > midnight:  # this month's anchor is still ahead: it began last month
+            first = _anchored(*_month_before(midnight.year, midnight.month), self.anchor_day)
+        return first
+
+    def _next_wall(self, wall: datetime) -> datetime:
+        if self.unit == "day":
+            return wall + timedelta(days=1)
+        if self.unit == "week":
+            return wall + timedelta(weeks=1)
+        return _anchored(*_month_after(wall.year, wall.month), self.anchor_day)
+
+    def _previous_wall(self, wall: datetime) -> datetime:
+        if self.unit == "day":
+            return wall - timedelta(days=1)
+        if self.unit == "week":
+            return wall - timedelta(weeks=1)
+        return _anchored(*_month_before(wall.year, wall.month), self.anchor_day)
 
 
 def _month_before(year: int, month: int) -> tuple[int, int]:
@@ -100,43 +129,45 @@ def _anchored(year: int, month: int, day: int) -> datetime:
     return datetime(year, month, min(day, calendar.monthrange(year, month)[1]))
 
 
-def _instant(wall: datetime, zone: ZoneInfo) -> float:
-    """The first instant at which the local clock reads ``wall`` or later: the earlier
-    of two in a repeated hour, the end of the gap for a time the clocks skip (a zone
-    whose clocks jump at midnight has no midnight that day)."""
-    instant = wall.replace(tzinfo=zone, fold=0).timestamp()
+def _us(aware: datetime) -> int:
+    return (aware - _EPOCH) // _US
+
+
+def _wall(instant_us: int, zone: ZoneInfo) -> datetime:
+    return (_EPOCH + instant_us * _US).astimezone(zone).replace(tzinfo=None)
+
+
+def _offset(instant_us: int, zone: ZoneInfo) -> timedelta | None:
+    return (_EPOCH + instant_us * _US).astimezone(zone).utcoffset()
+
+
+def _instant(wall: datetime, zone: ZoneInfo) -> int:
+    """The first instant (µs) at which the local clock reads ``wall`` or later: the
+    earlier of two in a repeated stretch, the end of the gap for a time the clocks skip."""
+    instant = _us(wall.replace(tzinfo=zone, fold=0))
     if _wall(instant, zone) == wall:
         return instant
     # In a gap: between the instant whose local time is before it (fold=1 reads the wall
-    # with the offset after the jump) and the one after it, find the jump, to the second.
-    low = int(wall.replace(tzinfo=zone, fold=1).timestamp())
-    high = int(instant) + 1
+    # with the offset after the jump) and the one after it, find the jump.
+    low, high = _us(wall.replace(tzinfo=zone, fold=1)), instant
+    if low > high:
+        low, high = high, low
     while high - low > 1:
         middle = (low + high) // 2
         if _wall(middle, zone) >= wall:
             high = middle
         else:
             low = middle
-    return float(high)
+    return high
 
 
-def _offset(instant: float, zone: ZoneInfo) -> timedelta | None:
-    return datetime.fromtimestamp(instant, zone).utcoffset()
-
-
-def _change_between(low: float, high: float, zone: ZoneInfo) -> float:
-    """The instant in (low, high] from which the offset is the one in force at ``high``
-    (offsets change on whole seconds)."""
+def _change_between(low: int, high: int, zone: ZoneInfo) -> int:
+    """The instant in (low, high] from which the offset is the one in force at ``high``."""
     target = _offset(high, zone)
-    lo, hi = int(low), int(high) + (0 if high == int(high) else 1)
-    while hi - lo > 1:
-        middle = (lo + hi) // 2
+    while high - low > 1:
+        middle = (low + high) // 2
         if _offset(middle, zone) == target:
-            hi = middle
+            high = middle
         else:
-            lo = middle
-    return float(hi)
-
-
-def _wall(instant: float, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(instant, zone).replace(tzinfo=None)
+            low = middle
+    return high

@@ -374,9 +374,10 @@ class _LimiterCore:
                 if verdict.full:
                     raise ThrottleTimeout(
                         refused.retry_after,
-                        "no room within the timeout: the key's max_concurrent calls are in "
-                        "flight (a holder frees its slot when its call ends, a streamed "
-                        "response when it is closed); retry_after, "
+                        "no room within the timeout: a capped key of the call (this "
+                        "limiter's, or an also= partner's) has max_concurrent calls in "
+                        "flight, or waiters ahead (a holder frees its slot when its call "
+                        "ends, a streamed response when it is closed); retry_after, "
                         f"{refused.retry_after:.3f}s, is when the first lease would expire "
                         "if its holder stopped renewing it",
                         late_wakeups=late_wakeups,

@@ -76,6 +76,8 @@ class Route(Generic[L]):
     def __post_init__(self) -> None:
         object.__setattr__(self, "also", _checked_also(self.also))
         if self.methods is not None:
+            if not isinstance(self.methods, str):  # a generator is read once, here
+                object.__setattr__(self, "methods", tuple(self.methods))
             if (
                 isinstance(self.methods, str)
                 or not self.methods

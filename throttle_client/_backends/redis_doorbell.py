@@ -29,6 +29,7 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.connection
 import redis.sentinel
+from redis import exceptions as rx
 
 from .doorbell import Doorbell
 from .redis_clients import bounded, sync_copy
@@ -39,6 +40,7 @@ log = logging.getLogger("throttle_client")
 # it outlives the last waiter (so a steady trickle of waiters does not resubscribe each time).
 _READY_WAIT = 1.0
 _IDLE_EXIT = 30.0
+_RETRY_MAX = 5.0  # the longest pause between attempts to subscribe again
 
 
 class RedisDoorbell(Doorbell):
@@ -97,13 +99,15 @@ class RedisDoorbell(Doorbell):
                     return
                 channel = f"tc:w:{self.nonce}"
                 pubsub = clients[attempt % len(clients)].pubsub()  # type: ignore[no-untyped-call]
-                self._open = [pubsub, *clients]
-                if stop.is_set():  # closed meanwhile
-                    return
+                with self._start:
+                    if stop is not self._stop or stop.is_set():  # closed meanwhile
+                        return
+                    self._open = [pubsub, *clients]
                 pubsub.subscribe(channel)
                 while pubsub.get_message(timeout=_READY_WAIT) is None:  # the confirmation
                     if stop.is_set():
                         return
+                attempt = 0
                 self.ring(self.waiting())  # whatever was sent before this subscription
                 while not stop.is_set() and channel == f"tc:w:{self.nonce}":
                     message = pubsub.get_message(timeout=1.0)
@@ -117,10 +121,29 @@ class RedisDoorbell(Doorbell):
                                 self._thread = None
                                 return
                         idle = 0.0
+            except (rx.NoPermissionError, rx.AuthenticationError) as exc:
+                # Refused, not failing: it will be refused again. Waiters look again on
+                # their own; say once what to grant.
+                log.warning(
+                    "throttle_client: the store refused the subscription to grants (%s): "
+                    "waiters for a full cap look again every third of the lease TTL; "
+                    "allow SUBSCRIBE on the channels tc:w:* (README, ACL)",
+                    exc,
+                )
+                with self._start:
+                    self._unable, self._thread = True, None
+                return
             except Exception as exc:  # a thread's error reaches nobody: log, try again
                 log.debug("throttle_client: grant subscription lost (%s); again", exc)
                 attempt += 1
-                stop.wait(0.2)
+                pause = min(_RETRY_MAX, 0.2 * 2 ** min(attempt - 1, 8))
+                idle = 0.0 if self.waiting() else idle + pause
+                if idle >= _IDLE_EXIT:  # a store that stays down, and nobody waits
+                    with self._start:
+                        if not self.waiting():
+                            self._thread = None
+                            return
+                stop.wait(pause)
             finally:
                 _close(pubsub, clients)
 
