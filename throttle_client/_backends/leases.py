@@ -30,11 +30,23 @@ The memory and SQLite stores run this module; the Redis script mirrors it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 from . import sliding_log
-from .base import AcquireAll, Charge, Release, Renew, Snapshot, Verdict
+from .base import (
+    AcquireAll,
+    Charge,
+    Inspect,
+    Op,
+    Release,
+    Renew,
+    Reset,
+    Snapshot,
+    Verdict,
+)
+
+T = TypeVar("T")
 
 
 class LeaseView(Protocol):
@@ -75,6 +87,44 @@ class LeaseView(Protocol):
 
     def counts(self, now: int) -> tuple[int, int]:
         """(leases held, live tickets) at ``now``, read only."""
+
+    def forget(self) -> None:
+        """Drop every holder and ticket (a reset)."""
+
+
+def log_keys(op: Op[Any]) -> list[str]:
+    """The keys whose logs ``op`` reads, in order (none: it touches leases only)."""
+    if isinstance(op, (Release, Renew)):
+        return []
+    return [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
+
+
+def execute(
+    op: Op[T],
+    logs: Sequence[sliding_log.LogView],
+    view: Callable[[str], LeaseView],
+    now: int,
+    granted: list[str],
+) -> T:
+    """Run any operation, for a store that gives the logs of ``log_keys(op)`` (opened,
+    repaired) and a key's lease view; ``granted`` collects the leases granted."""
+    if isinstance(op, Release):
+        release([view(op.charges[i].key) for i in capped(op.charges)], op, now, granted)
+        return cast(T, None)
+    if isinstance(op, Renew):
+        views = [view(op.charges[i].key) for i in capped(op.charges)]
+        return cast(T, renew(views, op, now, granted))
+    if isinstance(op, AcquireAll) and op.lease_id:
+        some = [view(c.key) if c.quota.max_concurrent else None for c in op.charges]
+        return cast(T, acquire(logs, some, op, now, granted))
+    if isinstance(op, AcquireAll):
+        return cast(T, sliding_log.acquire_all(logs, op, now))
+    result = sliding_log.execute(logs[0], op, now)
+    if isinstance(op, Inspect) and op.quota.max_concurrent:
+        return cast(T, with_counts(cast(Snapshot, result), view(op.key), now))
+    if isinstance(op, Reset):  # forget all: its leases and waiters too
+        view(op.key).forget()
+    return result
 
 
 def capped(charges: Sequence[Charge]) -> list[int]:
@@ -168,9 +218,7 @@ def renew(views: Sequence[LeaseView], op: Renew, now: int, granted: list[str]) -
     return kept
 
 
-def with_counts(snapshot: Snapshot, view: LeaseView | None, now: int) -> Snapshot:
+def with_counts(snapshot: Snapshot, view: LeaseView, now: int) -> Snapshot:
     """``snapshot`` with the calls in flight and waiting of a capped key."""
-    if view is None:
-        return snapshot
     in_flight, waiting = view.counts(now)
     return dataclasses.replace(snapshot, in_flight=in_flight, waiting=waiting)

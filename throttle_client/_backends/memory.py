@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from collections.abc import Callable
+from typing import TypeVar
 
-from . import leases, sliding_log
+from . import leases
 from .base import (
-    AcquireAll,
     Backend,
     InlineAsync,
-    Inspect,
     Op,
-    Release,
-    Renew,
-    Reset,
-    Snapshot,
     host_clock,
 )
 
@@ -151,6 +145,10 @@ class _MemoryLeases:
         held = sum(1 for expiry in self.holders.values() if expiry > now)
         return held, sum(1 for _, alive in self.queue.values() if alive > now)
 
+    def forget(self) -> None:
+        self.holders.clear()
+        self.queue.clear()
+
 
 class MemoryBackend(Backend):
     """Keeps logs in this process; safe under threads and asyncio tasks.
@@ -180,43 +178,23 @@ class MemoryBackend(Backend):
         return result
 
     def _run(self, op: Op[T], now: int, granted: list[str]) -> T:
-        if isinstance(op, (Release, Renew)):
-            keys = [op.charges[i].key for i in leases.capped(op.charges)]
-            held = [self._leases.setdefault(key, _MemoryLeases()) for key in keys]
-            if isinstance(op, Release):
-                leases.release(held, op, now, granted)
-                result = cast(T, None)
-            else:
-                result = cast(T, leases.renew(held, op, now, granted))
-            self._drop_idle(keys, held)
-            return result
-        keys = [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
+        keys = leases.log_keys(op)
         logs = [self._log(key, now) for key in keys]
-        if isinstance(op, AcquireAll) and op.lease_id:
-            views: list[_MemoryLeases | None] = [
-                self._leases.setdefault(c.key, _MemoryLeases()) if c.quota.max_concurrent else None
-                for c in op.charges
-            ]
-            result = cast(T, leases.acquire(logs, views, op, now, granted))
-            self._drop_idle(keys, views)
-        elif isinstance(op, AcquireAll):
-            result = cast(T, sliding_log.acquire_all(logs, op, now))
-        else:
-            result = sliding_log.execute(logs[0], op, now)
-            if isinstance(op, Reset):
-                self._leases.pop(op.key, None)
-            elif isinstance(op, Inspect) and op.quota.max_concurrent:
-                snapshot = cast(Snapshot, result)
-                result = cast(T, leases.with_counts(snapshot, self._leases.get(op.key), now))
+        touched: list[str] = []
+
+        def view(key: str) -> _MemoryLeases:
+            touched.append(key)
+            return self._leases.setdefault(key, _MemoryLeases())
+
+        result = leases.execute(op, logs, view, now, granted)
         for key, log in zip(keys, logs, strict=True):
             if not log.times and log.pause_until <= now and log.last is None:
                 del self._logs[key]
+        for key in touched:  # a key with nobody holding or waiting is forgotten
+            held = self._leases.get(key)
+            if held is not None and not held.holders and not held.queue:
+                del self._leases[key]
         return result
-
-    def _drop_idle(self, keys: list[str], views: Sequence[_MemoryLeases | None]) -> None:
-        for key, view in zip(keys, views, strict=True):
-            if view is not None and not view.holders and not view.queue:
-                self._leases.pop(key, None)
 
     def _log(self, key: str, now: int) -> _MemoryLog:
         log = self._logs.get(key)

@@ -1,6 +1,6 @@
 """The SQLite store: the semantics of docs/design.md §1 for every process on one host, no server.
 
-Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``sliding_log.execute``
+Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``leases.execute``
 over a view whose every lookup is one indexed query, so processes queue on
 SQLite's write lock (WAL mode, a busy timeout) and see each other's slots at
 once. The time is read *after* the lock is taken: a slot computed from a time
@@ -46,8 +46,6 @@ from .base import (
     Quota,
     Release,
     Renew,
-    Reset,
-    Snapshot,
     ThreadedAsync,
     host_clock,
 )
@@ -360,6 +358,10 @@ class _SQLiteLeases:
     def dequeue(self, lease_id: str) -> bool:
         return self.db.execute(_DEQUEUE, (self.key, lease_id)).rowcount > 0
 
+    def forget(self) -> None:
+        self.db.execute(_FORGET_HOLDERS, (self.key,))
+        self.db.execute(_FORGET_TICKETS, (self.key,))
+
     def counts(self, now: int) -> tuple[int, int]:
         held: int = self._one(_IN_FLIGHT, now)
         waiting: int = self._one(_WAITING, now)
@@ -626,33 +628,8 @@ class SQLiteBackend(Backend):
         granted: list[str] = []
         with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
-            if isinstance(op, (Release, Renew)):  # leases only: no log is read
-                ends = [_SQLiteLeases(db, op.charges[i].key) for i in leases.capped(op.charges)]
-                if isinstance(op, Release):
-                    leases.release(ends, op, now, granted)
-                    result = cast(T, None)
-                else:
-                    result = cast(T, leases.renew(ends, op, now, granted))
-                logs: list[_SQLiteLog] = []
-            else:
-                logs = self._logs(db, op, now, repaired, writable=writable)
-                if isinstance(op, AcquireAll) and op.lease_id:
-                    views = [
-                        _SQLiteLeases(db, c.key) if c.quota.max_concurrent else None
-                        for c in op.charges
-                    ]
-                    result = cast(T, leases.acquire(logs, views, op, now, granted))
-                elif isinstance(op, AcquireAll):
-                    result = cast(T, sliding_log.acquire_all(logs, op, now))
-                else:
-                    result = sliding_log.execute(logs[0], op, now)
-                    if isinstance(op, Inspect) and op.quota.max_concurrent:
-                        snapshot = cast(Snapshot, result)
-                        view = _SQLiteLeases(db, op.key)
-                        result = cast(T, leases.with_counts(snapshot, view, now))
-                    if isinstance(op, Reset):  # forget all: its leases and waiters too
-                        db.execute(_FORGET_HOLDERS, (op.key,))
-                        db.execute(_FORGET_TICKETS, (op.key,))
+            logs = self._logs(db, op, now, repaired, writable=writable)
+            result = leases.execute(op, logs, lambda key: _SQLiteLeases(db, key), now, granted)
             if writable:
                 for log in logs:
                     log.save()
@@ -674,6 +651,8 @@ class SQLiteBackend(Backend):
         parts: list[tuple[str, Quota | None]]
         if isinstance(op, AcquireAll):  # a stacked acquire: every key's log at once
             parts = [(c.key, c.quota) for c in op.charges]
+        elif isinstance(op, (Release, Renew)):  # leases only: no log is read
+            parts = []
         else:
             parts = [(op.key, op.quota if isinstance(op, (Acquire, Inspect, Pause)) else None)]
         logs: list[_SQLiteLog] = []
