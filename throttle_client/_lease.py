@@ -8,9 +8,10 @@ lease is renewed every third of its TTL, so that only a holder that died (``kill
 or lost its store lets its lease expire. A lease nobody holds any more (collected,
 never released) is no longer renewed: it expires within its TTL.
 
-The flows (acquire and wait, renew, release) are the limiter's, written once; these
-classes only run them, in their world, and keep the renewals going: one thread per
-process for every blocking lease, one task per asyncio lease.
+The flows (acquire and wait, renew, release) are written once (the limiter's, and
+``_Held``'s); these classes only run them, in their world, and keep the renewals going:
+for blocking leases a scheduler thread and a few renewal workers per process, for an
+asyncio lease a task of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._backends import leases
 from ._backends.base import Charge
 from ._errors import BackendError, BackendUnavailable
 from ._flow import arun, run
@@ -88,17 +90,25 @@ class _Held:
         if self.lease_id:
             self.limiter._backend().doorbell.forget(self.lease_id)
 
-    def end_flow(self, renew: bool) -> Any:
-        return self.limiter._end_flow(self.charges, self.lease_id, self.limiter._local(), renew)
+    def release_flow(self) -> Any:
+        return self.limiter._end_flow(self.charges, self.lease_id, self.limiter._local(), False)
+
+    def renew_flow(self) -> Any:
+        """Renew the lease; and, should the renewal have crossed the release (the keeper
+        renewed as the caller released), holding the lease again, release it again."""
+        kept = yield from self.limiter._end_flow(
+            self.charges, self.lease_id, self.limiter._local(), True
+        )
+        if self.renewed(kept):
+            yield from self.release_flow()
 
     def mine(self) -> bool:
         """Whether this process holds the lease (not a child that inherited the object)."""
         return bool(self.lease_id) and self.pid == os.getpid()
 
     def renewed(self, kept: bool) -> bool:
-        """After a renewal: whether to release once more. A renewal that crossed the
-        release (the keeper renewed as the caller released) held the lease again: it is
-        released again, and it is no stall."""
+        """After a renewal: whether to release once more (it crossed the release, which
+        is no stall)."""
         if self.ended:
             return True
         if not kept and not self.lost_warned:
@@ -115,7 +125,7 @@ class _Held:
     @property
     def every(self) -> float:
         """Seconds between renewals: a third of the shortest TTL among its keys."""
-        return min(c.quota.lease_ttl_us for c in self.charges if c.quota.max_concurrent) / 3e6
+        return leases.shortest_ttl_us(self.charges) / 3e6
 
 
 def _ending_failed(held: _Held, what: str, exc: Exception) -> None:
@@ -178,7 +188,7 @@ class Lease:
         if held.mine():
             limiter: Limiter = held.limiter  # type: ignore[assignment]
             try:
-                run(held.end_flow(renew=False), limiter._perform)
+                run(held.release_flow(), limiter._perform)
             except Exception as exc:
                 _ending_failed(held, "release", exc)
 
@@ -188,8 +198,7 @@ class Lease:
             return
         limiter: Limiter = held.limiter  # type: ignore[assignment]
         try:
-            if held.renewed(run(held.end_flow(renew=True), limiter._perform)):
-                run(held.end_flow(renew=False), limiter._perform)
+            run(held.renew_flow(), limiter._perform)
         except Exception as exc:
             _ending_failed(held, "renew", exc)
 
@@ -244,7 +253,7 @@ class AsyncLease:
         if held.mine():
             limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
             try:
-                await arun(held.end_flow(renew=False), limiter._perform)
+                await arun(held.release_flow(), limiter._perform)
             except Exception as exc:
                 _ending_failed(held, "release", exc)
 
@@ -252,8 +261,7 @@ class AsyncLease:
         held = self._held
         limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
         try:
-            if held.renewed(await arun(held.end_flow(renew=True), limiter._perform)):
-                await arun(held.end_flow(renew=False), limiter._perform)
+            await arun(held.renew_flow(), limiter._perform)
         except Exception as exc:
             _ending_failed(held, "renew", exc)
 
@@ -294,10 +302,12 @@ class _Keeper:
                 thread = threading.Thread(target=self._run, name="throttle-client-leases")
                 thread.daemon = True
                 thread.start()
-            heapq.heappush(
-                self._due, (time.monotonic() + every, next(self._order), weakref.ref(lease), every)
-            )
-            self._cond.notify()
+            self._schedule(weakref.ref(lease), every)
+
+    def _schedule(self, ref: weakref.ref[Lease], every: float) -> None:
+        """Its next renewal, ``every`` seconds from now (under the lock)."""
+        heapq.heappush(self._due, (time.monotonic() + every, next(self._order), ref, every))
+        self._cond.notify()
 
     def _run(self) -> None:
         pid = os.getpid()
@@ -327,8 +337,7 @@ class _Keeper:
             return
         lease._renew()
         with self._cond:
-            heapq.heappush(self._due, (time.monotonic() + every, next(self._order), ref, every))
-            self._cond.notify()
+            self._schedule(ref, every)
 
 
 _KEEPER = _Keeper()

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, TypeVar
 
 import tenacity
 
-from ._backends import legacy
+from ._backends import leases, legacy
 from ._backends.base import (
     Acquire,
     AcquireAll,
@@ -356,12 +356,18 @@ class _LimiterCore:
                 left = max_wait_us - round((now - started) * US)
                 if left > 0:
                     # Queued behind a full cap: the grant's ring wakes it. Should a ring
-                    # be lost, it looks again now and then (which keeps its ticket alive),
-                    # and the head waiter when a lease could next expire on its own.
-                    wait = _poll_every(op)
+                    # be lost, it looks again now and then (a third of its shortest TTL,
+                    # which keeps its ticket alive), and the head waiter when a lease
+                    # could next expire on its own.
+                    wait = _seconds(leases.shortest_ttl_us(op.charges)) / 3
                     if verdict.head:
                         wait = min(wait, max(0.001, _seconds(verdict.slot_us - verdict.now_us)))
-                    _, now = yield AwaitGrant(op.lease_id, min(wait, left / US))
+                    wait = min(wait, left / US)
+                    # An injected clock moves only with the injected sleep: the bell is
+                    # only looked at, and the wait slept.
+                    rang, now = yield AwaitGrant(op.lease_id, 0.0 if self._clock else wait)
+                    if not rang and self._clock is not None:
+                        now = yield Sleep(wait)
                     left = max(0, max_wait_us - round((now - started) * US))
                     op = dataclasses.replace(op, max_wait_us=left, now_us=self._at(now))
                     sent = now
@@ -752,13 +758,8 @@ class Limiter(_LimiterCore):
         if isinstance(step, Sleep):
             self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
-            doorbell = self.backend.doorbell
-            bell = doorbell.expect(step.lease_id)
-            doorbell.watch()  # what made the grant may be another process
-            # An injected clock moves only with the injected sleep: wait on that instead.
-            rang = bell.wait(step.seconds if self._clock is None else 0.0)
-            if not rang and self._clock is not None:
-                self._sleep(step.seconds)
+            bell = self.backend.doorbell.wait_for(step.lease_id)
+            rang = bell.wait(step.seconds)
             bell.clear()
             return rang, self._local()
         return self._local()  # after a Sleep, or for a ReadClock
@@ -888,12 +889,8 @@ class AsyncLimiter(_LimiterCore):
         if isinstance(step, Sleep):
             await self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
-            doorbell = self.backend.doorbell
-            bell = doorbell.expect(step.lease_id)
-            doorbell.watch()
-            rang = await bell.await_(step.seconds if self._clock is None else 0.0)
-            if not rang and self._clock is not None:
-                await self._sleep(step.seconds)
+            bell = self.backend.doorbell.wait_for(step.lease_id)
+            rang = await bell.await_(step.seconds)
             bell.clear()
             return rang, self._local()
         return self._local()
@@ -948,13 +945,6 @@ class AsyncLimiter(_LimiterCore):
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
-
-
-def _poll_every(op: AcquireAll) -> float:
-    """How often a queued waiter looks again unprompted: a third of its shortest lease
-    TTL, well before its ticket would die."""
-    ttls = [c.quota.lease_ttl_us for c in op.charges if c.quota.max_concurrent]
-    return _seconds(min(ttls)) / 3
 
 
 def _also_entry(entry: object, cost: int) -> tuple[_LimiterCore, str, int]:

@@ -112,6 +112,13 @@ class Doorbell:
                     self._bells.popitem(last=False)
         return bell
 
+    def wait_for(self, lease_id: str) -> Bell:
+        """The bell of a waiter about to wait, with this store listening for grants made
+        elsewhere."""
+        bell = self.expect(lease_id)
+        self.watch()
+        return bell
+
     def forget(self, lease_id: str) -> None:
         with self._lock:
             self._bells.pop(lease_id, None)

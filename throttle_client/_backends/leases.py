@@ -127,6 +127,12 @@ def execute(
     return result
 
 
+def shortest_ttl_us(charges: Sequence[Charge]) -> int:
+    """The shortest lease TTL among the capped charges: what renewals and a waiter's
+    looks are timed by (a third of it)."""
+    return min(c.quota.lease_ttl_us for c in charges if c.quota.max_concurrent)
+
+
 def capped(charges: Sequence[Charge]) -> list[int]:
     """The places of the charges whose quota has a cap."""
     return [i for i, charge in enumerate(charges) if charge.quota.max_concurrent]
