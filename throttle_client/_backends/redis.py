@@ -109,18 +109,18 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
         caps = tuple(arg for c in capped for arg in _cap_args(c.quota))
         verb = b"release" if isinstance(op, Release) else b"renew"
         return keys, (verb, b"-", now, op.lease_id, *caps)
-    if isinstance(op, AcquireAll) and op.lease_id:
+    if isinstance(op, AcquireAll):  # a capped call ("lease") also sends its lease keys
+        leased = bool(op.lease_id)
         keys = ()
         per_key: tuple[bytes | str, ...] = ()
         for c in op.charges:
-            keys += redis_keys(c.key) + (lease_keys(c.key) if c.quota.max_concurrent else ())
-            per_key += (quota_arg(c.quota), b"%d" % c.cost, *_cap_args(c.quota))
+            holds = leased and bool(c.quota.max_concurrent)
+            keys += redis_keys(c.key) + (lease_keys(c.key) if holds else ())
+            per_key += (quota_arg(c.quota), b"%d" % c.cost)
+            per_key += _cap_args(c.quota) if leased else ()
         wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
-        return keys, (b"lease", b"-", now, wait, op.call_id, lead, op.lease_id, *per_key)
-    if isinstance(op, AcquireAll):
-        keys = tuple(name for charge in op.charges for name in redis_keys(charge.key))
-        per_key = tuple(arg for c in op.charges for arg in (quota_arg(c.quota), b"%d" % c.cost))
-        wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
+        if leased:
+            return keys, (b"lease", b"-", now, wait, op.call_id, lead, op.lease_id, *per_key)
         return keys, (b"acquire_all", b"-", now, wait, op.call_id, lead, *per_key)
     assert isinstance(op, (Acquire, Inspect, Pause))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
