@@ -1,4 +1,4 @@
-"""How long a waiter behind a full cap waits once the holder ends its lease."""
+"""Helpers for tests of concurrency caps: a hand-off timed, calls in flight counted."""
 
 from __future__ import annotations
 
@@ -18,3 +18,22 @@ def handoff_seconds(limiter: Limiter, key: str = "token", hold: float = 0.2) -> 
     started = time.monotonic()
     with limiter.lease(key, timeout=5):
         return time.monotonic() - started
+
+
+class InFlight:
+    """Counts the calls inside ``with counter:`` blocks, across threads, and the most
+    at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.inside = self.peak = self.done = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.inside += 1
+            self.peak = max(self.peak, self.inside)
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self.inside -= 1
+            self.done += 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import signal
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.inflight_upstream import InflightUpstream
+from tests.workers import start_together
 from throttle_client import Limiter, RedisBackend, RetryPolicy, ThrottledClient, ThrottleTimeout
 
 WORKERS = 8
@@ -126,18 +126,7 @@ def run_fleet(
         )
         for tokens in tokens_of
     ]
-    for worker in workers:
-        worker.start()
-    try:
-        start.wait(timeout=60)
-        reports = [results.get(timeout=60) for _ in workers]
-    except (queue.Empty, Exception):
-        for worker in workers:
-            worker.kill()
-        raise
-    for worker in workers:
-        worker.join(10)
-        assert worker.exitcode == 0
+    reports = start_together(workers, start, results)
     errors = [error for _, worker_errors in reports for error in worker_errors]
     assert not errors, errors
     return [status for statuses, _ in reports for status in statuses]

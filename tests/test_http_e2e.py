@@ -8,12 +8,13 @@ Real time, real processes, real sockets: these tests are about what the upstream
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from typing import Any
 
 from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 from throttle_client._limiter import DEFAULT_MARGIN
 from throttle_client.cli.upstream import StrictUpstream
+
+from .workers import start_together
 
 WORKERS = 8
 RATE = Rate(10, 1)  # per token, sliding
@@ -61,19 +62,7 @@ def run_workers(
         SPAWN.Process(target=crawl, args=(redis_url, upstream.url, tokens, calls, start, results))
         for _ in range(WORKERS)
     ]
-    for worker in workers:
-        worker.start()
-    try:
-        start.wait(timeout=60)  # every worker imported and connected: go together
-        statuses = [results.get(timeout=60) for _ in workers]
-    except (queue.Empty, Exception):
-        for worker in workers:
-            worker.kill()
-        raise
-    for worker in workers:
-        worker.join(10)
-        assert worker.exitcode == 0
-    return statuses
+    return start_together(workers, start, results)
 
 
 def quickest_span(count: int) -> float:

@@ -36,7 +36,7 @@ from throttle_client import (
 from throttle_client._backends.base import AcquireAll, Charge, Inspect, Quota, Release, Renew
 from throttle_client.testing import FakeClock
 
-from .handoff import handoff_seconds
+from .handoff import InFlight, handoff_seconds
 from .model import CapModel, Model, StackedModel
 from .test_stacked import a_store, seen
 
@@ -259,19 +259,11 @@ def test_threads_never_exceed_the_cap_and_go_in_turn(
     else:
         store = RedisBackend(request.getfixturevalue("redis_url"))
     limiter = Limiter(store, rates=["10000/second"], max_concurrent=3, margin=0)
-    lock = threading.Lock()
-    inside, peak, done = 0, 0, 0
+    counted = InFlight()
 
     def work() -> None:
-        nonlocal inside, peak, done
-        with limiter.lease("k"):
-            with lock:
-                inside += 1
-                peak = max(peak, inside)
+        with limiter.lease("k"), counted:
             time.sleep(0.01)
-            with lock:
-                inside -= 1
-                done += 1
 
     threads = [threading.Thread(target=work) for _ in range(40)]
     started = time.monotonic()
@@ -281,7 +273,7 @@ def test_threads_never_exceed_the_cap_and_go_in_turn(
         thread.join()
     took = time.monotonic() - started
     store.close()
-    assert (peak, done) == (3, 40)
+    assert (counted.peak, counted.done) == (3, 40)
     # 40 calls of 10 ms, 3 at a time: about 0.14 s if each freed slot is taken at once;
     # a waiter that only looked again on its own would take 10 s (a third of the TTL).
     assert took < 3.0
@@ -416,25 +408,19 @@ def test_the_decorator_holds_a_lease_while_the_function_runs() -> None:
     from throttle_client import throttled
 
     limiter = Limiter(MemoryBackend(), rates=["1000/second"], max_concurrent=2, margin=0)
-    lock = threading.Lock()
-    inside, peak = 0, 0
+    counted = InFlight()
 
     @throttled(limiter, key="token")
     def fetch(token: str) -> None:
-        nonlocal inside, peak
-        with lock:
-            inside += 1
-            peak = max(peak, inside)
-        time.sleep(0.01)
-        with lock:
-            inside -= 1
+        with counted:
+            time.sleep(0.01)
 
     threads = [threading.Thread(target=fetch, args=("t",)) for _ in range(12)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert peak == 2
+    assert counted.peak == 2
 
 
 # -- regressions found in review -----------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Code that runs in worker processes (spawned, so it must be importable)."""
+"""Code that runs in worker processes (spawned, so it must be importable), and how a
+test starts a fleet of them together."""
 
 from __future__ import annotations
 
+import queue
 import time
 from typing import Any
 
@@ -55,3 +57,22 @@ def sentinel_worker(
         outcomes["error"] = repr(exc)
     backend.close()
     events.put(outcomes)
+
+
+def start_together(workers: list[Any], start: Any, results: Any) -> list[Any]:
+    """Start ``workers`` (processes that each wait at the ``start`` barrier, then put one
+    report on ``results``), let them go together, and collect their reports; kill them
+    all if any fails or stays silent."""
+    for worker in workers:
+        worker.start()
+    try:
+        start.wait(timeout=60)  # every worker imported and connected: go together
+        reports = [results.get(timeout=60) for _ in workers]
+    except (queue.Empty, Exception):
+        for worker in workers:
+            worker.kill()
+        raise
+    for worker in workers:
+        worker.join(10)
+        assert worker.exitcode == 0
+    return reports
