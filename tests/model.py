@@ -11,8 +11,27 @@ All times are whole microseconds.
 
 from __future__ import annotations
 
+import functools
+import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Calendar:
+    """A calendar rate's fixed windows: ``bounds(t)`` is the (start, end) of the window
+    holding t (the library's CalendarWindow, which tests/test_calendar.py checks on its
+    own). A window counts every entry from ``margin`` before its start to its end."""
+
+    bounds: Callable[[int], tuple[int, int]]
+    margin: int
+
+    def counting(self, slot: int) -> list[tuple[int, int]]:
+        """The windows that count an entry at ``slot``: tried one by one."""
+        own = self.bounds(slot)
+        after = self.bounds(own[1])
+        return [own] + ([after] if slot >= after[0] - self.margin else [])
 
 
 @dataclass(frozen=True)
@@ -44,9 +63,9 @@ class KeyLog:
 
 @dataclass
 class Model:
-    """``rates`` as (limit, period µs) pairs; ``min_interval`` in µs."""
+    """``rates`` as (limit, period µs or Calendar) pairs; ``min_interval`` in µs."""
 
-    rates: list[tuple[int, int]]
+    rates: list[tuple[int, Any]]
     min_interval: int
     logs: dict[str, KeyLog] = field(default_factory=dict)
 
@@ -59,10 +78,49 @@ class Model:
         count too: they are promised, so they are not free."""
         return sum(cost for t, cost in log.entries if t > end - period)
 
+    @staticmethod
+    def _in_calendar(log: KeyLog, window: tuple[int, int], margin: int) -> int:
+        start, end = window
+        return sum(cost for t, cost in log.entries if start - margin <= t < end)
+
+    def _used_at(self, log: KeyLog, slot: int, period: Any) -> int:
+        """Units counted against a call at ``slot`` (a calendar rate: the fullest window
+        of those that would count it)."""
+        if isinstance(period, Calendar):
+            return max(self._in_calendar(log, w, period.margin) for w in period.counting(slot))
+        return self._in_window(log, slot, period)
+
     def _fits(self, log: KeyLog, slot: int, cost: int) -> bool:
-        return all(
-            self._in_window(log, slot, period) + cost <= limit for limit, period in self.rates
-        )
+        return all(self._used_at(log, slot, period) + cost <= limit for limit, period in self.rates)
+
+    @staticmethod
+    def _first(
+        floor: int,
+        logs: list[tuple[Model, KeyLog]],
+        fits: Callable[[int], bool],
+    ) -> int:
+        """The first moment from ``floor`` on at which ``fits``, tried in order among the
+        floor and every later moment at which some window sum may drop: an entry leaving
+        a sliding window, or the end of a calendar window that counts a moment tried."""
+        moments = {floor} | {
+            t + period
+            for model, log in logs
+            for _, period in model.rates
+            if not isinstance(period, Calendar)
+            for t, _ in log.entries
+        }
+        heap = sorted(m for m in moments if m >= floor)
+        while True:
+            moment = heapq.heappop(heap)
+            if fits(moment):
+                return moment
+            for model, _ in logs:
+                for _, period in model.rates:
+                    if isinstance(period, Calendar):
+                        for _, end in period.counting(moment):
+                            if end not in moments:
+                                moments.add(end)
+                                heapq.heappush(heap, end)
 
     def earliest_slot(self, key: str, now: int, cost: int) -> int:
         return self._earliest(self.logs.get(key, KeyLog()), now, cost)
@@ -71,19 +129,11 @@ class Model:
         floor = max(now, log.pause_until)
         if log.entries:
             floor = max(floor, log.entries[-1][0] + self.min_interval)
-        # Window sums only drop when an entry leaves a window, at t + period; so the
-        # earliest slot is the floor or one of those moments.
-        candidates = sorted(
-            {floor} | {t + period for t, _ in log.entries for _, period in self.rates}
-        )
-        for slot in candidates:
-            if slot >= floor and self._fits(log, slot, cost):
-                return slot
-        raise AssertionError("unreachable: past every entry's exit the cost fits")
+        return self._first(floor, [(self, log)], lambda slot: self._fits(log, slot, cost))
 
     def _remaining(self, log: KeyLog, point: int) -> tuple[int, ...]:
         return tuple(
-            max(0, limit - self._in_window(log, point, period)) for limit, period in self.rates
+            max(0, limit - self._used_at(log, point, period)) for limit, period in self.rates
         )
 
     def _outcome(self, log: KeyLog, allowed: bool, now: int, slot: int) -> Outcome:
@@ -117,12 +167,17 @@ class Model:
     def usage(self, key: str, now: int) -> ModelUsage:
         log = self.logs.get(key, KeyLog())
         booked = sum(cost for t, cost in log.entries if t > now)
-        used = tuple(self._in_window(log, now, period) - booked for _, period in self.rates)
+        used = tuple(
+            self._in_calendar(log, (period.bounds(now)[0], now + 1), period.margin)
+            if isinstance(period, Calendar)
+            else self._in_window(log, now, period) - booked
+            for _, period in self.rates
+        )
         resets_in = []
         for limit, period in self.rates:
             # The first moment from now on at which one more unit fits this rate alone.
-            candidates = sorted({now} | {t + period for t, _ in log.entries if t + period > now})
-            fits = next(s for s in candidates if self._in_window(log, s, period) + 1 <= limit)
+            alone = Model([(limit, period)], 0)
+            fits = self._first(now, [(alone, log)], functools.partial(alone._fits, log, cost=1))
             resets_in.append(fits - now)
         return ModelUsage(
             used=used,
@@ -155,19 +210,10 @@ class StackedModel:
             floor = max(floor, log.pause_until)
             if log.entries:
                 floor = max(floor, log.entries[-1][0] + model.min_interval)
-        candidates = sorted(
-            {floor}
-            | {
-                t + period
-                for model, log, _ in logs
-                for t, _ in log.entries
-                for _, period in model.rates
-            }
-        )
-        slot = next(
-            s
-            for s in candidates
-            if s >= floor and all(model._fits(log, s, cost) for model, log, cost in logs)
+        slot = Model._first(
+            floor,
+            [(model, log) for model, log, _ in logs],
+            lambda s: all(model._fits(log, s, cost) for model, log, cost in logs),
         )
         if max_wait is not None and slot - now > max_wait:
             return False, slot

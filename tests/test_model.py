@@ -11,8 +11,10 @@ import itertools
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -37,7 +39,7 @@ from throttle_client import (
 )
 from throttle_client._backends.redis import redis_keys
 
-from .model import Model
+from .model import Calendar, Model
 
 US = 1_000_000
 NAMES = ["alpha", "beta", "gamma"]
@@ -50,6 +52,37 @@ GAPS = st.one_of(st.sampled_from([0, 0, 1, 100_000, 333_333]), st.integers(0, 60
 # Microseconds of margin: none, the smallest, and a typical one.
 MARGINS = st.sampled_from([0, 1, 25_000])
 STEPS = st.one_of(st.sampled_from([0, 1, 999_999, 1_000_000]), st.integers(0, 2_500_000))
+
+
+def _local(zone: str, *wall: int) -> int:
+    return round(datetime(*wall, tzinfo=ZoneInfo(zone)).timestamp()) * US  # type: ignore[misc]
+
+
+# Calendar rates (issue 11): where the clock starts, just before a boundary that is not
+# plain: both DST changes of a year, a 30-minute change, month ends, a leap day, the
+# year's end; and the unit, zone and anchor day of the rate. The machine steps onto the
+# windows' edges with advance_to_calendar_edge.
+LA, LORD_HOWE = "America/Los_Angeles", "Australia/Lord_Howe"
+CALENDAR_STARTS = [
+    (_local(LA, 2026, 3, 7, 23, 59, 58), LA),  # the night before the 23-hour day
+    (_local(LA, 2026, 3, 8, 1, 59, 58), LA),  # 02:00 does not exist
+    (_local(LA, 2026, 10, 31, 23, 59, 58), LA),  # the 25-hour day
+    (_local(LA, 2026, 11, 1, 0, 59, 58), LA),  # 01:00-02:00 comes twice
+    (_local(LORD_HOWE, 2026, 4, 5, 1, 29, 58), LORD_HOWE),  # 02:00 -> 01:30
+    (_local("UTC", 2026, 1, 31, 23, 59, 58), "UTC"),
+    (_local("UTC", 2028, 2, 28, 23, 59, 58), "UTC"),  # a leap day
+    (_local("UTC", 2026, 12, 31, 23, 59, 58), "UTC"),
+    (_local("Europe/Berlin", 2027, 2, 27, 23, 59, 58), "Europe/Berlin"),
+]
+CALENDARS = st.one_of(
+    st.none(),
+    st.tuples(
+        st.integers(1, 5),
+        st.sampled_from(["minute", "hour", "day", "week", "month"]),
+        st.sampled_from(CALENDAR_STARTS),
+        st.sampled_from([1, 1, 28, 29, 30, 31]),
+    ),
+)
 
 _namespaces = itertools.count()
 
@@ -82,17 +115,26 @@ class Agreement(RuleBasedStateMachine):
         )
         self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
 
-    @initialize(rates=RATES, gap=GAPS, margin=MARGINS)
-    def build(self, rates: list[tuple[int, int]], gap: int, margin: int) -> None:
+    @initialize(rates=RATES, gap=GAPS, margin=MARGINS, calendar=CALENDARS)
+    def build(self, rates: list[tuple[int, int]], gap: int, margin: int, calendar: Any) -> None:
         # The limiter's margin widens every window and a non-zero gap: the model is
         # given the widened ones, so both sides must agree on exactly that arithmetic.
-        self.model = Model(
-            [(limit, period + margin) for limit, period in rates], gap and gap + margin
-        )
+        model_rates: list[tuple[int, Any]] = [(limit, period + margin) for limit, period in rates]
+        limiter_rates = [Rate(limit, period / US) for limit, period in rates]
         self.clock = IntClock()
-        self.min_limit = min(limit for limit, _ in rates)
+        self.calendar: Calendar | None = None
+        if calendar is not None:
+            limit, unit, (start, zone), anchor = calendar
+            rate = Rate(limit, unit, tz=zone, anchor=anchor if unit == "month" else None)
+            assert rate.calendar is not None
+            self.calendar = Calendar(rate.calendar.bounds, margin)
+            model_rates.insert(0, (limit, self.calendar))
+            limiter_rates.insert(0, rate)
+            self.clock.us = start
+        self.model = Model(model_rates, gap and gap + margin)
+        self.min_limit = min(limit for limit, _ in model_rates)
         options: dict[str, Any] = {
-            "rates": [Rate(limit, period / US) for limit, period in rates],
+            "rates": limiter_rates,
             "min_interval": gap / US,
             "margin": margin / US,
             "clock": self.clock,
@@ -138,8 +180,20 @@ class Agreement(RuleBasedStateMachine):
         self.clock.us += max(0, self.last_wait + offset)
         self.last_wait = 0
 
+    @precondition(lambda self: self.calendar is not None)
+    @rule(offset=st.sampled_from(["-margin-1", "-margin", -1, 0, 0, 1]), windows=st.integers(0, 2))
+    def advance_to_calendar_edge(self, offset: Any, windows: int) -> None:
+        """To just before, at or just after the end of this calendar window (or a later
+        one), or to where the next one starts counting (the margin before it)."""
+        assert self.calendar is not None
+        end = self.calendar.bounds(self.clock.us)[1]
+        for _ in range(windows):
+            end = self.calendar.bounds(end)[1]
+        shift = {"-margin-1": -self.calendar.margin - 1, "-margin": -self.calendar.margin}
+        self.clock.us = max(self.clock.us, end + shift.get(offset, offset))
+
     def _exits(self) -> list[int]:
-        """Future moments at which some logged entry leaves some window."""
+        """Future moments at which some logged entry leaves some sliding window."""
         now = self.clock.us
         return sorted(
             {
@@ -147,7 +201,7 @@ class Agreement(RuleBasedStateMachine):
                 for log in self.model.logs.values()
                 for t, _ in log.entries
                 for _, period in self.model.rates
-                if t + period > now
+                if not isinstance(period, Calendar) and t + period > now
             }
         )
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ._backends.base import Windows
 from ._errors import ConfigurationError
 
 UNITS = ("minute", "hour", "day", "week", "month")
@@ -171,3 +172,24 @@ def _change_between(low: int, high: int, zone: ZoneInfo) -> int:
         else:
             low = middle
     return high
+
+
+# How many windows a decision is given after the one holding a time it is about: a
+# slot up to two whole windows further on needs no second round trip (docs/design.md).
+AHEAD = 3
+
+
+def windows_for(
+    window: CalendarWindow, margin_us: int, now_us: int, around_us: tuple[int, ...] = ()
+) -> Windows:
+    """What the store needs of ``window`` for a decision at store time ``now_us``: the
+    start of the window holding now, and from the windows holding now and each time of
+    ``around_us`` (times stale answers named), that one and ``AHEAD`` more."""
+    keep_from = window.bounds(now_us)[0]
+    spans: set[tuple[int, int]] = set()
+    for moment in (now_us, *around_us):
+        span = window.bounds(moment)
+        for _ in range(AHEAD + 1):
+            spans.add(span)
+            span = window.bounds(span[1])
+    return Windows(keep_from, tuple(sorted(spans)), margin_us)

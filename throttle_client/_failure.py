@@ -30,7 +30,18 @@ from typing import Any, Literal, TypeVar, cast
 
 import tenacity
 
-from ._backends.base import Acquire, AcquireAll, Inspect, Op, Pause, Quota, Release, Renew, Verdict
+from ._backends.base import (
+    Acquire,
+    AcquireAll,
+    Inspect,
+    Learn,
+    Op,
+    Pause,
+    Quota,
+    Release,
+    Renew,
+    Verdict,
+)
 from ._backends.doorbell import Doorbell
 from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
@@ -164,17 +175,24 @@ class FailureGuard:
         ``on_unavailable`` gives no answer (always for reset, and for a read under "allow")."""
         last = self.last_error
         if self.fallback is not None and isinstance(
-            op, (Acquire, AcquireAll, Inspect, Pause, Release, Renew)
+            op, (Acquire, AcquireAll, Inspect, Pause, Learn, Release, Renew)
         ):
             assert isinstance(self.on_unavailable, LocalFallback)
             share = self.on_unavailable.share
             if isinstance(op, (AcquireAll, Release, Renew)):
                 charges = tuple(dataclasses.replace(c, quota=share(c.quota)) for c in op.charges)
                 local = cast(Op[T], dataclasses.replace(op, charges=charges))
+            elif isinstance(op, Learn):  # this process's share of what the upstream allows
+                n = self.on_unavailable.expected_workers
+                local = cast(
+                    Op[T], dataclasses.replace(op, quota=share(op.quota), limit=op.limit // n)
+                )
             else:
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))
             fallback = self.fallback
             return lambda: fallback.execute(local)
+        if isinstance(op, Learn) and self.on_unavailable == "allow":
+            return lambda: None  # type: ignore[return-value]  # nothing is held to: no use
         if isinstance(op, (Release, Renew)):
             # Under "allow" a call held nothing; otherwise the store's lease expires by TTL.
             kept = self.on_unavailable == "allow" if isinstance(op, Renew) else None

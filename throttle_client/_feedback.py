@@ -246,3 +246,88 @@ def read_feedback(
 def _says_spent(headers: httpx.Headers) -> bool:
     remaining: str = headers.get("X-RateLimit-Remaining", "")
     return remaining.strip() == "0"
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    """What a response's headers say of the quota, spent or not (issue 11 §2):
+    ``remaining`` units until ``reset`` seconds from now, out of ``limit`` (None when
+    not said). ``header`` names the field it came from."""
+
+    remaining: int
+    reset: float
+    limit: int | None
+    header: str
+
+
+def _count(value: str | None) -> int | None:
+    """A non-negative whole number, or None (a header that cannot be read is ignored here:
+    read_feedback reports it)."""
+    if value is None or not re.fullmatch(r"\s*[0-9]{1,15}\s*", value):
+        return None
+    return int(value)
+
+
+def read_quota_view(headers: httpx.Headers | Mapping[str, str], *, now: float) -> QuotaView | None:
+    """The strictest "``remaining`` more before ``reset``" a response's headers state:
+    ``X-RateLimit-Remaining`` / ``-Reset`` / ``-Limit``, the IETF ``RateLimit`` fields in
+    their three shapes (as :func:`read_feedback` reads them), or None. ``now`` is epoch
+    seconds, for resets given as epoch times.
+
+    >>> read_quota_view({"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "30"}, now=0)
+    QuotaView(remaining=7, reset=30.0, limit=None, header='X-RateLimit-Remaining')
+    """
+    if not isinstance(headers, httpx.Headers):
+        headers = httpx.Headers(headers, encoding="utf-8")
+    views: list[QuotaView] = []
+
+    def add(header: str, remaining: str | None, reset: str | None, limit: str | None) -> None:
+        count = _count(remaining)
+        if count is None or reset is None:
+            return
+        try:
+            delay = _reset_delay(header, reset, now)
+        except _Malformed:
+            return
+        if delay > 0:  # a reset already past says nothing of what is left
+            views.append(QuotaView(count, delay, _count(limit), header))
+
+    add(
+        "X-RateLimit-Remaining",
+        headers.get("X-RateLimit-Remaining"),
+        headers.get("X-RateLimit-Reset"),
+        headers.get("X-RateLimit-Limit"),
+    )
+    combined = headers.get("RateLimit")
+    if combined is None:  # drafts 00-06
+        add(
+            "RateLimit-Remaining",
+            headers.get("RateLimit-Remaining"),
+            headers.get("RateLimit-Reset"),
+            headers.get("RateLimit-Limit"),
+        )
+    else:
+        members = [m.strip() for m in combined.split(",") if m.strip()]
+        if members and all("=" in m and ";" not in m for m in members):  # draft 07
+            fields = {
+                name.strip().lower(): v.strip()
+                for name, _, v in (m.partition("=") for m in members)
+            }
+            reset = fields.get("reset") or headers.get("RateLimit-Reset")
+            add("RateLimit", fields.get("remaining"), reset, fields.get("limit"))
+        else:  # draft 08 on: named items, with their policies' quota and window
+            policies = {}
+            for member in (headers.get("RateLimit-Policy") or "").split(","):
+                if member.strip():
+                    name, params = _params(member)
+                    policies[name] = params
+            for member in members:
+                name, params = _params(member)
+                policy = policies.get(name, {})
+                add(
+                    "RateLimit",
+                    params.get("r"),
+                    params.get("t") or policy.get("w"),
+                    policy.get("q"),
+                )
+    return min(views, key=lambda view: view.remaining, default=None)

@@ -69,7 +69,7 @@ class _Held:
     def begin(self) -> None:
         limiter = self.limiter
         if limiter._capped(self.also):
-            self.charges = limiter._charges(self.key, self.cost, self.also)
+            self.charges = limiter._charges(self.key, self.cost, self.also, limiter._local())
             doorbell = limiter._backend().doorbell
             self.lease_id = doorbell.lease_id(limiter._new_call_id())
             doorbell.expect(self.lease_id)  # before the call that may queue it

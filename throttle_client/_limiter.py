@@ -20,10 +20,12 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
+import httpx
 import tenacity
 
 from ._backends import leases, legacy
@@ -35,6 +37,7 @@ from ._backends.base import (
     Charge,
     InlineAsync,
     Inspect,
+    Learn,
     Op,
     Pause,
     Quota,
@@ -44,15 +47,24 @@ from ._backends.base import (
     Snapshot,
     ThreadedAsync,
     Verdict,
+    Windows,
 )
-from ._errors import BackendUnavailable, ConfigurationError, CostTooHigh, ThrottleTimeout
+from ._calendar import windows_for
+from ._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CostTooHigh,
+    ThrottleTimeout,
+)
 from ._failure import FailureGuard, OnUnavailable, shrink
+from ._feedback import QuotaView, read_quota_view
 from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
 from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
-from ._results import Decision, RateUsage, Usage
+from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
 from ._store_clock import DRIFT, StoreClock
 
 T = TypeVar("T")
@@ -68,6 +80,10 @@ DEFAULT_MARGIN = 0.025
 # Answers after which a store whose time is still known less precisely than the margin
 # is taken to be that far for good (see _LimiterCore._late_by).
 WARM_UP = 8
+# How many keys' last quota headers a limiter keeps for usage().upstream.
+UPSTREAM_VIEWS = 4096
+# Stale answers in a row (calendar windows asked again) before the store is given up on.
+STALE_TRIES = 8
 # The most a real sleep ends early (timer granularity: uvloop rounds to milliseconds).
 EARLY = 0.005
 
@@ -184,12 +200,33 @@ class _LimiterCore:
             DEFAULT_LEASE_TTL if lease_ttl is None else lease_ttl, "lease_ttl", lowest=MIN_LEASE_TTL
         )
         self.lease_ttl = ttl
+        # A calendar rate's windows depend on the time: _quota_at() fills them in per
+        # decision; this quota holds 0 in their place and is used as it is by limiters
+        # with none.
         self._quota = Quota(
-            limits=tuple((rate.limit, rate.period_us + margin_us) for rate in self.rates),
+            limits=tuple(
+                (rate.limit, 0 if rate.calendar else rate.period_us + margin_us)
+                for rate in self.rates
+            ),
             min_interval_us=gap_us + margin_us if gap_us else 0,
             max_concurrent=cap or 0,
             lease_ttl_us=round(ttl * US) if cap else 0,
         )
+        self._margin_us = margin_us
+        self._calendar = any(rate.calendar for rate in self.rates)
+        for rate in self.rates:
+            if rate.calendar and slack > rate.period / 4:
+                raise ConfigurationError(
+                    f"margin={margin!r} is too wide for {rate!r}: a calendar window must "
+                    "last longer than four margins"
+                )
+        # The quota with the calendar windows around the store's now, and the store
+        # times it holds for: (quota, from, until), replaced whole (no lock needed).
+        self._windowed: tuple[Quota, int, int] | None = None
+        # The last quota headers read per store key (usage().upstream), the newest
+        # UPSTREAM_VIEWS keys only; and whether a looser view has been reported.
+        self._upstream: OrderedDict[str, UpstreamView] = OrderedDict()
+        self._told_looser = False
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
 
@@ -218,6 +255,60 @@ class _LimiterCore:
             raise ConfigurationError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
         return round(min(seconds, MAX_SECONDS) * US)
 
+    def _quota_at(
+        self, now: float, *, store_now_us: int | None = None, around_us: tuple[int, ...] = ()
+    ) -> Quota:
+        """The quota of a decision at local time ``now``. A calendar rate's windows are
+        the ones around the store's time (as estimated, or ``store_now_us`` as the store
+        said it), and around each of ``around_us`` (times stale answers named)."""
+        if not self._calendar:
+            return self._quota
+        if store_now_us is None:
+            store_now_us = self._store_time_us(now)
+        cached = self._windowed
+        if not around_us and cached is not None and cached[1] <= store_now_us < cached[2]:
+            return cached[0]
+        limits = tuple(
+            (limit, windows_for(rate.calendar, self._margin_us, store_now_us, around_us))
+            if rate.calendar
+            else (limit, period)
+            for rate, (limit, period) in zip(self.rates, self._quota.limits, strict=True)
+        )
+        quota = dataclasses.replace(self._quota, limits=limits)
+        if not around_us:
+            given = [p for _, p in limits if isinstance(p, Windows)]
+            valid = (max(w.keep_from for w in given), min(w.spans[0][1] for w in given))
+            self._windowed = (quota, *valid)
+        return quota
+
+    def _store_time_us(self, now: float) -> int:
+        """The store's time at local time ``now``, as well as this limiter knows it."""
+        if self._clock is not None:  # the store follows the injected clock
+            return round(now * US)
+        clock = self._store_clock
+        if clock.answers:
+            return round((now + (clock.low(now) + clock.high(now)) / 2) * US)
+        return round(time.time() * US)
+
+    def _rewindowed(
+        self, op: Op[T], also: Also, now: float, store_now_us: int, around_us: tuple[int, ...]
+    ) -> Op[T]:
+        """``op`` again, its calendar windows around the store's now and ``around_us``,
+        the times stale answers named (every limiter of a stacked call computes its own)."""
+
+        def quota(limiter: _LimiterCore) -> Quota:
+            return limiter._quota_at(now, store_now_us=store_now_us, around_us=around_us)
+
+        if isinstance(op, AcquireAll):
+            owners = [self, *(entry[0] for entry in also)]
+            charges = tuple(
+                dataclasses.replace(charge, quota=quota(owner))
+                for charge, owner in zip(op.charges, owners, strict=True)
+            )
+            return dataclasses.replace(op, charges=charges)  # type: ignore[return-value]
+        assert isinstance(op, (Acquire, Inspect, Pause))
+        return dataclasses.replace(op, quota=quota(self))  # type: ignore[return-value]
+
     def _at(self, now: float) -> int | None:
         """An operation's time for local time ``now``: only with an injected clock."""
         return None if self._clock is None else round(now * US)
@@ -229,13 +320,13 @@ class _LimiterCore:
             isinstance(entry, tuple) and getattr(entry[0], "max_concurrent", None) for entry in also
         )
 
-    def _charges(self, key: str, cost: int, also: Also) -> tuple[Charge, ...]:
+    def _charges(self, key: str, cost: int, also: Also, now: float) -> tuple[Charge, ...]:
         """Each key the call is charged to, with its quota and its cost, checked."""
-        charges = [Charge(self.store_key(key), self._quota, self._cost(cost))]
+        charges = [Charge(self.store_key(key), self._quota_at(now), self._cost(cost))]
         for other, other_key, other_cost in (_also_entry(entry, cost) for entry in also):
             self._check_partner(other)
             charges.append(
-                Charge(other.store_key(other_key), other._quota, other._cost(other_cost))
+                Charge(other.store_key(other_key), other._quota_at(now), other._cost(other_cost))
             )
         return tuple(charges)
 
@@ -249,7 +340,7 @@ class _LimiterCore:
         lease_id: str = "",
     ) -> Acquire | AcquireAll:
         if lease_id:  # a capped call: the store keeps its lease with its slot
-            charges = self._charges(key, cost, also)
+            charges = self._charges(key, cost, also, now)
             if len(charges) > 1:
                 self._together([charge.key for charge in charges])
             return AcquireAll(
@@ -258,14 +349,14 @@ class _LimiterCore:
         if not also:
             return Acquire(
                 key=self.store_key(key),
-                quota=self._quota,
+                quota=self._quota_at(now),
                 cost=self._cost(cost),
                 max_wait_us=max_wait_us,
                 # A fresh id per call: equal slots never collapse, a retry never books twice.
                 call_id=_call_id(),
                 now_us=self._at(now),
             )
-        charges = self._charges(key, cost, also)
+        charges = self._charges(key, cost, also, now)
         op = AcquireAll(charges, max_wait_us, _call_id(), now_us=self._at(now))
         self._together([charge.key for charge in charges])
         return op
@@ -349,7 +440,7 @@ class _LimiterCore:
         margin = min([self.margin, *(other.margin for other, *_ in also)])
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
-            verdict, from_store, now = yield from self._execute_flow(op, sent)
+            verdict, from_store, now = yield from self._ask_flow(op, sent, also)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if verdict.waiting and isinstance(op, AcquireAll):
@@ -407,7 +498,7 @@ class _LimiterCore:
                 if recheck_pause or (margin and clock.spread(now) > margin >= clock.width()):
                     asked = now
                     try:
-                        snap, from_store, now = yield from self._execute_flow(
+                        snap, from_store, now = yield from self._ask_flow(
                             self._inspect_op(key, now), now
                         )
                     except BackendUnavailable:  # the store went away: the slot stands
@@ -525,6 +616,22 @@ class _LimiterCore:
             key, cost, timeout, now, recheck_pause=True, also=also, lease_id=lease_id
         )
 
+    def _ask_flow(self, op: Op[T], now: float, also: Also = ()) -> Flow[tuple[T, bool, float]]:
+        """``_execute_flow``, asked again while the answer is stale: the calendar windows
+        given did not reach a time the decision needed (the store's now, or a slot a
+        window or more ahead), so they are given again around that time."""
+        around: tuple[int, ...] = ()
+        for _ in range(STALE_TRIES):
+            result, from_store, now = yield from self._execute_flow(op, now)
+            if not isinstance(result, (Verdict, Snapshot)) or not result.stale:
+                return result, from_store, now
+            around += (result.slot_us if isinstance(result, Verdict) else result.next_slot_us,)
+            op = self._rewindowed(op, also, now, result.now_us, around)
+        raise BackendError(
+            f"the calendar windows of {self!r} moved on {STALE_TRIES} times in a row: the "
+            "store's clock is jumping"
+        )
+
     def _execute_flow(self, op: Op[T], now: float) -> Flow[tuple[T, bool, float]]:
         """Ask the store at local time ``now``, retrying what may pass; if it stays
         silent, ``on_unavailable`` answers. Returns the answer, whether the store gave it
@@ -576,8 +683,69 @@ class _LimiterCore:
                 return action, now
 
     def _usage_flow(self, key: str, now: float) -> Flow[Usage]:
-        snap, _, _ = yield from self._execute_flow(self._inspect_op(key, now), now)
-        return self._usage(snap)
+        snap, _, _ = yield from self._ask_flow(self._inspect_op(key, now), now)
+        usage = self._usage(snap)
+        return dataclasses.replace(usage, upstream=self._upstream.get(self.store_key(key)))
+
+    def _learn_flow(
+        self, key: str, decision: Decision, headers: Any, now: float, wall: float
+    ) -> Flow[tuple[QuotaView | None, float]]:
+        """Read a response's quota headers (``wall``: epoch seconds, for epoch resets)
+        for the call ``decision`` admitted. A view stricter than this limiter's rates
+        becomes the key's learned limit in the store, for every worker (docs/design.md
+        §1, "Limits learned from the upstream"); a looser one is only reported."""
+        view = read_quota_view(headers, now=wall)
+        if view is None or not decision.remaining:
+            return view, now
+        ours = min(decision.remaining[: len(self.rates)])  # also= partners' come after
+        stricter = view.remaining < ours
+        store_key = self.store_key(key)
+        until = self._store_time_us(now) + round(view.reset * US)
+        self._upstream[store_key] = UpstreamView(
+            view.remaining, _seconds(until), view.limit, stricter
+        )
+        self._upstream.move_to_end(store_key)
+        if len(self._upstream) > UPSTREAM_VIEWS:
+            self._upstream.popitem(last=False)
+        if not stricter:
+            if not self._told_looser:
+                self._told_looser = True
+                log.info(
+                    "throttle_client: the upstream allows more than %r is configured for "
+                    "(%s says %d left for %.0fs, the limiter %d): the configured limits stay",
+                    self,
+                    view.header,
+                    view.remaining,
+                    view.reset,
+                    ours,
+                )
+            return view, now
+        # Every call whose slot lies from this one's less the margin on may have reached
+        # the upstream after it, so may not be in the count the header gave: each is
+        # counted against what it said remained (those it did count, twice: under-use
+        # by at most the calls in flight, never over-use). This call itself too, hence
+        # its cost on top.
+        op = Learn(
+            key=store_key,
+            quota=self._quota_at(now),
+            since_us=round(decision.slot * US) - self._margin_us,
+            until_us=until,
+            limit=view.remaining + decision.cost,
+            now_us=self._at(now),
+        )
+        log.debug(
+            "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "
+            "limiter's %d: held to it",
+            view.remaining,
+            view.reset,
+            view.header,
+            ours,
+        )
+        try:
+            _, _, now = yield from self._execute_flow(op, now)
+        except BackendError as exc:  # the response stands; the configured rates still hold
+            log.warning("throttle_client: could not keep what the upstream said: %s", exc)
+        return view, now
 
     def _pause_flow(
         self, key: str, seconds: float | timedelta, now: float
@@ -636,7 +804,7 @@ class _LimiterCore:
         return late - spread
 
     def _inspect_op(self, key: str, now: float) -> Inspect:
-        return Inspect(key=self.store_key(key), quota=self._quota, now_us=self._at(now))
+        return Inspect(key=self.store_key(key), quota=self._quota_at(now), now_us=self._at(now))
 
     def _usage(self, snap: Snapshot) -> Usage:
         now = snap.now_us
@@ -648,6 +816,7 @@ class _LimiterCore:
                     booked=snap.booked,
                     remaining=max(0, rate.limit - used - snap.booked),
                     resets_in=_seconds(max(0, ready - now)),
+                    resets_at=_seconds(rate.calendar.bounds(now)[1]) if rate.calendar else None,
                 )
                 for rate, used, ready in zip(self.rates, snap.used, snap.ready_at_us, strict=True)
             ),
@@ -656,13 +825,18 @@ class _LimiterCore:
             paused_until=_seconds(snap.pause_until_us) if snap.pause_until_us > now else None,
             in_flight=snap.in_flight if self.max_concurrent else None,
             waiting=snap.waiting if self.max_concurrent else None,
+            learned=None
+            if snap.learned is None
+            else LearnedLimit(
+                limit=snap.learned[0], used=snap.learned[1], resets_at=_seconds(snap.learned[2])
+            ),
         )
 
     def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:
         duration = bounded_seconds(seconds, "pause seconds")
         return Pause(
             key=self.store_key(key),
-            quota=self._quota,
+            quota=self._quota_at(now),
             duration_us=round(duration * US),
             now_us=self._at(now),
         )
@@ -835,6 +1009,17 @@ class Limiter(_LimiterCore):
         """Forget everything about ``key``."""
         run(self._reset_flow(key, self._local()), self._perform)
 
+    def learn(
+        self, key: str, decision: Decision, headers: httpx.Headers | Mapping[str, str]
+    ) -> QuotaView | None:
+        """Read the quota headers of the response to the call ``decision`` admitted for
+        ``key`` (``X-RateLimit-*``, or the IETF ``RateLimit`` fields): when the upstream
+        allows fewer calls than this limiter's rates, every worker holds to that until
+        its reset (see ``usage(key).learned``). The throttled transports do this for every
+        response; call it when you send with a client of your own. Returns what was read."""
+        flow = self._learn_flow(key, decision, headers, self._local(), self._wall())
+        return run(flow, self._perform)[0]
+
 
 class AsyncLimiter(_LimiterCore):
     """The asyncio twin of :class:`Limiter`; same arguments, awaitable methods.
@@ -945,6 +1130,13 @@ class AsyncLimiter(_LimiterCore):
 
     async def reset(self, key: str) -> None:
         await arun(self._reset_flow(key, self._local()), self._perform)
+
+    async def learn(
+        self, key: str, decision: Decision, headers: httpx.Headers | Mapping[str, str]
+    ) -> QuotaView | None:
+        """See :meth:`Limiter.learn`."""
+        flow = self._learn_flow(key, decision, headers, self._local(), self._wall())
+        return (await arun(flow, self._perform))[0]
 
 
 def _also_entry(entry: object, cost: int) -> tuple[_LimiterCore, str, int]:

@@ -1,11 +1,14 @@
-"""Rates: "at most ``limit`` units in any sliding window of ``period``"."""
+"""Rates: "at most ``limit`` units in any sliding window of ``period``", or in each fixed
+calendar window (a day from local midnight in a zone, a month from an anchor day)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 
+from ._calendar import UNITS as CALENDAR_UNITS
+from ._calendar import CalendarWindow
 from ._errors import ConfigurationError
 from ._ranges import MAX_LIMIT, MAX_SECONDS, MIN_PERIOD
 
@@ -18,9 +21,14 @@ _UNITS = {
 }  # fmt: skip
 # ASCII only: a Unicode \d would read Arabic-Indic or full-width digits as a number.
 _RATE_RE = re.compile(
-    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
+    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)"
+    r"(?:\s+in\s+(?P<tz>[A-Za-z0-9_+\-/]+))?(?:\s+from\s+(?P<anchor>\d{4}-\d\d-\d\d))?\s*$",
     re.I | re.ASCII,
 )
+# A calendar window's nominal length (``Rate.period``, for display and rough sums only:
+# the store counts in the real windows, 23- to 25-hour days, 28- to 31-day months).
+_NOMINAL = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "week": 604800.0,
+            "month": 2629746.0}  # fmt: skip
 
 
 def to_seconds(value: float | timedelta, name: str) -> float:
@@ -45,41 +53,91 @@ def bounded_seconds(value: float | timedelta, name: str, *, lowest: float = 0.0)
 
 @dataclass(frozen=True)
 class Rate:
-    """At most ``limit`` units of cost in any window of ``period`` seconds.
+    """At most ``limit`` units of cost in any window of ``period`` seconds (sliding), or
+    in each fixed calendar window when ``period`` names a calendar unit.
 
     >>> Rate(5000, 3600) == Rate(5000, timedelta(hours=1)) == Rate.parse("5000/hour")
     True
+
+    A calendar rate resets at the unit's boundary in a time zone (``tz``, an IANA name),
+    with 23- and 25-hour days where the clocks change; a month may start on an
+    ``anchor`` date's day, clamped to shorter months (30 January, 28 February, 30 March):
+
+    >>> Rate(10000, "day", tz="America/Chicago") == Rate.parse("10000/day in America/Chicago")
+    True
+    >>> Rate(3000, "month", anchor=date(2026, 1, 30)) == Rate.parse("3000/month from 2026-01-30")
+    True
+
+    (``anchor`` may also be the day of the month, ``anchor=30``.) ``calendar`` is the
+    window (None for a sliding rate); ``period`` is then its nominal
+    length (a month counts as 30.44 days there), for display only.
     """
 
     limit: int
     period: float
+    calendar: CalendarWindow | None
 
-    def __init__(self, limit: int, period: float | timedelta) -> None:
+    def __init__(
+        self,
+        limit: int,
+        period: float | timedelta | str,
+        *,
+        tz: str | None = None,
+        anchor: date | str | int | None = None,
+    ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ConfigurationError(
                 f"rate limit must be a whole number from 1 to 2**40 ({MAX_LIMIT}), not {limit!r}"
             )
-        seconds = bounded_seconds(period, "rate period", lowest=MIN_PERIOD)
         object.__setattr__(self, "limit", limit)
+        if isinstance(period, str):
+            window = _calendar_window(period, tz, anchor)
+            object.__setattr__(self, "period", _NOMINAL[window.unit])
+            object.__setattr__(self, "calendar", window)
+            return
+        if tz is not None or anchor is not None:
+            raise ConfigurationError(
+                f"tz= and anchor= belong to calendar rates, whose period is one of "
+                f"{', '.join(CALENDAR_UNITS)} (such as Rate({limit}, 'day', tz='UTC')), "
+                f"not to a sliding period of {period!r}"
+            )
+        seconds = bounded_seconds(period, "rate period", lowest=MIN_PERIOD)
         object.__setattr__(self, "period", seconds)
+        object.__setattr__(self, "calendar", None)
 
     @classmethod
     def parse(cls, text: str) -> Rate:
-        """``"5000/hour"``, ``"10/second"``, ``"100/15 minutes"``, ``"30 per minute"``."""
+        """``"5000/hour"``, ``"10/second"``, ``"100/15 minutes"``, ``"30 per minute"``
+        (sliding); ``"10000/day in America/Los_Angeles"``, ``"3000/month"`` and
+        ``"3000/month from 2026-01-30"`` (calendar: a zone, an anchor or a month)."""
         if not isinstance(text, str):
             raise ConfigurationError(f"a rate string is needed, not {text!r}")
         match = _RATE_RE.match(text)
-        unit = match and _UNITS.get(match["unit"].lower())
-        if not match or unit is None:
+        calendar = match is not None and (
+            match["tz"] is not None
+            or match["anchor"] is not None
+            or match["unit"].lower() in ("month", "months")
+        )
+        unit = match and (
+            _calendar_unit(match["unit"]) if calendar else _UNITS.get(match["unit"].lower())
+        )
+        if not match or unit is None or (calendar and match["count"] not in (None, "1")):
             raise ConfigurationError(
                 f"cannot parse rate {text!r}: expected '<limit>/<period>' such as "
-                "'5000/hour', '10/second' or '100/15 minutes'"
+                "'5000/hour', '10/second' or '100/15 minutes', or a calendar window such "
+                "as '10000/day in America/Los_Angeles' or '3000/month from 2026-01-30'"
             )
-        count = float(match["count"]) if match["count"] else 1.0
         try:
             if len(match["limit"].lstrip("0")) > len(str(MAX_LIMIT)):
                 # Above the range for sure; int() would refuse thousands of digits on its own.
                 raise ConfigurationError(f"rate limit must be at most 2**40 ({MAX_LIMIT})")
+            if calendar:
+                assert isinstance(unit, str)
+                return cls(
+                    int(match["limit"]), unit, tz=match["tz"] or "UTC", anchor=match["anchor"]
+                )
+            count = float(match["count"]) if match["count"] else 1.0
+            assert isinstance(unit, float)
             return cls(int(match["limit"]), count * unit)
         except ConfigurationError as exc:
             raise ConfigurationError(f"bad rate {text!r}: {exc}") from None
@@ -89,11 +147,66 @@ class Rate:
         """The period in whole microseconds, the unit every store works in."""
         return max(1, round(self.period * 1_000_000))
 
+    def _calendar_words(self) -> str:
+        window = self.calendar
+        assert window is not None
+        words = f"{self.limit}/{window.unit} in {window.tz}"
+        return words + (f" from day {window.anchor_day}" if window.anchor_day != 1 else "")
+
     def __str__(self) -> str:
+        if self.calendar is not None:
+            return self._calendar_words()
         return f"{self.limit}/{self.period:g}s"
 
     def __repr__(self) -> str:
+        window = self.calendar
+        if window is not None:
+            anchor = f", anchor={window.anchor_day}" if window.anchor_day != 1 else ""
+            return f"Rate({self.limit}, {window.unit!r}, tz={window.tz!r}{anchor})"
         return f"Rate({self.limit}, {self.period:g})"
+
+
+def _calendar_unit(word: str) -> str | None:
+    word = word.lower()
+    unit = word[:-1] if word.endswith("s") else word
+    return unit if unit in CALENDAR_UNITS else None
+
+
+def _calendar_window(unit: str, tz: str | None, anchor: date | str | int | None) -> CalendarWindow:
+    """The window of a calendar rate, every part checked and named when wrong."""
+    name = _calendar_unit(unit)
+    if name is None:
+        raise ConfigurationError(
+            f"a calendar rate's period is one of {', '.join(CALENDAR_UNITS)}, not {unit!r} "
+            "(a sliding period is seconds or a timedelta)"
+        )
+    if tz is None and anchor is None and name != "month":
+        raise ConfigurationError(
+            f"a calendar {name} resets at a boundary in some time zone: say which, such as "
+            f"Rate(..., {unit!r}, tz='UTC'); for a sliding {name}, give seconds or a timedelta"
+        )
+    day = 1
+    if anchor is not None:
+        if name != "month":
+            raise ConfigurationError(f"anchor= applies to monthly windows, not to {unit!r}")
+        if isinstance(anchor, str):
+            try:
+                anchor = date.fromisoformat(anchor)
+            except ValueError:
+                raise ConfigurationError(
+                    f"anchor must be a date such as '2026-01-30', not {anchor!r}"
+                ) from None
+        if isinstance(anchor, int) and not isinstance(anchor, bool) and 1 <= anchor <= 31:
+            day = anchor  # the day of the month the subscription began
+        elif isinstance(anchor, datetime) or not isinstance(anchor, date):
+            raise ConfigurationError(
+                f"anchor must be a datetime.date or a day of the month from 1 to 31, not {anchor!r}"
+            )
+        else:
+            day = anchor.day
+    if tz is not None and not isinstance(tz, str):
+        raise ConfigurationError(f"tz must be an IANA zone name such as 'UTC', not {tz!r}")
+    return CalendarWindow(name, tz or "UTC", day)
 
 
 def coerce_rate(value: Rate | str) -> Rate:

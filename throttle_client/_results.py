@@ -52,6 +52,8 @@ class RateUsage:
     ``resets_in``: seconds until a call of cost 1 could go as far as this rate is
     concerned (0: now); ``Usage.next_slot_in`` adds the other rates, the minimum
     interval, the queue of booked slots and any pause.
+    ``resets_at``: a calendar rate: when the window that holds now ends (epoch seconds,
+    the store's clock), where ``used`` starts again from 0; None for a sliding rate.
     """
 
     rate: Rate
@@ -59,6 +61,32 @@ class RateUsage:
     booked: int
     remaining: int
     resets_in: float
+    resets_at: float | None = None
+
+
+@dataclass(frozen=True)
+class LearnedLimit:
+    """A limit learned from the upstream's headers, held in the store for every worker
+    until the upstream's reset: at most ``limit`` units in the slots it counts (from the
+    slot of the request whose response said it, less the margin, on: ``used``, booked
+    slots included), until ``resets_at`` (epoch seconds, the store's clock)."""
+
+    limit: int
+    used: int
+    resets_at: float
+
+
+@dataclass(frozen=True)
+class UpstreamView:
+    """The last quota headers this process read for a key: ``remaining`` units until
+    ``resets_at`` (epoch seconds), out of ``limit`` (None when not said), and whether
+    that was ``stricter`` than the limiter's own rates at the time (then it became the
+    key's :class:`LearnedLimit`; a looser view never raises a configured limit)."""
+
+    remaining: int
+    resets_at: float
+    limit: int | None
+    stricter: bool
 
 
 @dataclass(frozen=True)
@@ -74,3 +102,7 @@ class Usage:
     # calls waiting for room, across every worker; None without a cap.
     in_flight: int | None = None
     waiting: int | None = None
+    # A limit learned from the upstream in force for the key (from the store, so every
+    # worker's), and the last quota headers this process read for it; None when none.
+    learned: LearnedLimit | None = None
+    upstream: UpstreamView | None = None

@@ -214,6 +214,7 @@ class _TransportCore(Generic[L]):
     retry: RetryPolicy
     acquire_timeout: float | timedelta | None
     also: Sequence[AlsoSpec[L]] = ()
+    learn: bool = True  # hold a key to quota headers stricter than its rates
     _warned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -290,6 +291,10 @@ class _TransportCore(Generic[L]):
                 )
             sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
             response, now, wall = sent
+            if self.learn:
+                _, now = yield from limiter._learn_flow(
+                    plan.key, decision, response.headers, now, wall
+                )
             pause, retry = self.judge(plan, response, attempt, now=wall)
             if pause > 0:
                 # Which of the call's quotas the upstream meant, it does not say: every
@@ -458,6 +463,9 @@ class ThrottledTransport(httpx.BaseTransport):
     limit); beyond it ``ThrottleTimeout`` propagates to the caller and nothing is sent.
     When the attempts run out the last response is returned, whatever its status.
     Closing the transport closes ``transport`` (default ``httpx.HTTPTransport()``).
+    ``learn``: quota headers (``X-RateLimit-*``, ``RateLimit``) that allow fewer calls
+    than the limiter's rates hold the key to them, for every worker, until their reset
+    (:meth:`Limiter.learn`); False ignores them (a 429 still pauses the key).
 
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you
@@ -475,9 +483,10 @@ class ThrottledTransport(httpx.BaseTransport):
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[Limiter]] = (),
+        learn: bool = True,
     ) -> None:
         self._core = _TransportCore(
-            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also
+            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
@@ -534,9 +543,10 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
+        learn: bool = True,
     ) -> None:
         self._core = _TransportCore(
-            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also
+            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
@@ -597,6 +607,7 @@ class ThrottledClient(httpx.Client):
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[Limiter]] = (),
+        learn: bool = True,
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -611,6 +622,7 @@ class ThrottledClient(httpx.Client):
             retry=retry,
             acquire_timeout=acquire_timeout,
             also=also,
+            learn=learn,
         )
         super().__init__(transport=throttled, **kwargs)
 
@@ -633,6 +645,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         retry: RetryPolicy = RetryPolicy(),
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
+        learn: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -647,5 +660,6 @@ class AsyncThrottledClient(httpx.AsyncClient):
             retry=retry,
             acquire_timeout=acquire_timeout,
             also=also,
+            learn=learn,
         )
         super().__init__(transport=throttled, **kwargs)

@@ -40,11 +40,39 @@ A = TypeVar("A", bound="AsyncBackend")
 
 
 @dataclass(frozen=True)
-class Quota:
-    """What one key's log is held to: the rates as ``(limit, period_us)`` pairs and the
-    minimum gap between calls, both as the limiter widened them by its margin."""
+class Windows:
+    """A calendar rate's fixed windows, as far as the limiter computed them (issue 11).
 
-    limits: tuple[tuple[int, int], ...]
+    The store has no time-zone rules: the limiter gives it the windows ``[start, end)``
+    around the times a decision needs, in order (runs of consecutive windows, with gaps
+    between runs), and ``keep_from``, the start of the window that holds the store's now
+    as the limiter guessed it. A window counts every call whose slot lies from
+    ``margin_us`` before its start to its end, since a call may reach the upstream up to
+    the margin after its slot. A decision that needs a window not given (the store's now
+    before ``keep_from``, or a slot outside them) answers *stale* with that time, and
+    the limiter asks again with windows around it as well.
+    """
+
+    keep_from: int
+    spans: tuple[tuple[int, int], ...]
+    margin_us: int
+
+    @property
+    def longest_us(self) -> int:
+        """The most a given window spans, margin included: how long an entry may matter."""
+        return max(end - start for start, end in self.spans) + self.margin_us
+
+
+Period = int | Windows  # a sliding period in µs, or a calendar rate's windows
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one key's log is held to: the rates as ``(limit, period)`` pairs (a sliding
+    period in µs, or a calendar rate's :class:`Windows`) and the minimum gap between
+    calls, all as the limiter widened them by its margin."""
+
+    limits: tuple[tuple[int, Period], ...]
     min_interval_us: int
     # The most calls of the key in flight at once (0: no cap), and how long a lease lives
     # unless its holder renews it (docs/design.md §1, "Concurrency caps").
@@ -54,11 +82,16 @@ class Quota:
     @property
     def horizon_us(self) -> int:
         """How long an entry can still matter after its slot."""
-        return max(max(period for _, period in self.limits), self.min_interval_us)
+        return max(
+            *(p if isinstance(p, int) else p.longest_us for _, p in self.limits),
+            self.min_interval_us,
+        )
 
-    @property
-    def longest_period_us(self) -> int:
-        return max(period for _, period in self.limits)
+    def keep_from(self, now: int) -> int:
+        """The oldest slot any decision from ``now`` on can count: older entries may go."""
+        return min(
+            now - p if isinstance(p, int) else p.keep_from - p.margin_us for _, p in self.limits
+        )
 
 
 class Op(Generic[T_co]):
@@ -89,6 +122,9 @@ class Verdict:
     waiting: bool = False
     head: bool = False
     full: bool = False
+    # The calendar windows the limiter gave do not reach ``slot_us``, a time the decision
+    # needs (the store's now, or a slot): nothing was written; ask again with windows there.
+    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,9 @@ class Snapshot:
     ready_at_us: tuple[int, ...]  # per rate, when a call of cost 1 fits it (>= now)
     in_flight: int = 0  # a capped key: leases held (unexpired)
     waiting: int = 0  # a capped key: live tickets queued
+    stale: bool = False  # the calendar windows given do not hold ``now_us``: ask again
+    # A learned limit in force (see Learn): (its limit, the units it counts, its end µs).
+    learned: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +248,21 @@ class Pause(Op[int]):
     key: str
     quota: Quota
     duration_us: int
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Learn(Op[None]):
+    """What the upstream's headers said of a key, when stricter than its quota (issue 11
+    §2): at most ``limit`` units in the slots from ``since_us`` up to ``until_us``, the
+    upstream's reset. Every decision of the key holds to it until then, on top of its
+    rates. The newest report (the latest ``since_us``) replaces an older one."""
+
+    key: str
+    quota: Quota
+    since_us: int
+    until_us: int
+    limit: int
     now_us: int | None = None
 
 

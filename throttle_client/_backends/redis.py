@@ -34,6 +34,7 @@ from .base import (
     AsyncBackend,
     Backend,
     Inspect,
+    Learn,
     Op,
     Pause,
     Quota,
@@ -83,19 +84,33 @@ def lease_keys(key: str) -> tuple[bytes, bytes, bytes]:
 
 @functools.lru_cache(maxsize=256)
 def quota_arg(quota: Quota) -> bytes:
-    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per quota.
+    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per quota; a calendar
+    rate's period is an array, [keep_from, margin, start, end, start, end, ...].
 
-    Every number is a non-negative integer below 2**64, so an array (a fixarray up to
-    15 numbers, seven rates; an array16 beyond) of uint64s or positive fixints is all
-    it takes. The limiter holds the number of rates to _ranges.MAX_RATES.
+    Every number is a non-negative integer below 2**64, so arrays of uint64s or positive
+    fixints are all it takes.
     """
-    numbers = [quota.min_interval_us]
+    items = [_uint(quota.min_interval_us)]
     for limit, period in quota.limits:
-        numbers += [limit, period]
-    count = len(numbers)
-    header = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
-    packed = [bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big") for n in numbers]
-    return header + b"".join(packed)
+        items.append(_uint(limit))
+        if isinstance(period, int):
+            items.append(_uint(period))
+        else:
+            numbers = (
+                period.keep_from,
+                period.margin_us,
+                *(t for span in period.spans for t in span),
+            )
+            items.append(_array(len(numbers)) + b"".join(map(_uint, numbers)))
+    return _array(len(items)) + b"".join(items)
+
+
+def _uint(n: int) -> bytes:
+    return bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big")
+
+
+def _array(count: int) -> bytes:
+    return bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
 
 
 def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
@@ -122,7 +137,7 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
         if leased:
             return keys, (b"lease", b"-", now, wait, op.call_id, lead, op.lease_id, *per_key)
         return keys, (b"acquire_all", b"-", now, wait, op.call_id, lead, *per_key)
-    assert isinstance(op, (Acquire, Inspect, Pause))
+    assert isinstance(op, (Acquire, Inspect, Pause, Learn))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
@@ -132,6 +147,15 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
         return keys, (b"acquire", quota, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
+    if isinstance(op, Learn):
+        return keys, (
+            b"learn",
+            quota,
+            now,
+            b"%d" % op.since_us,
+            b"%d" % op.until_us,
+            b"%d" % op.limit,
+        )
     if op.quota.max_concurrent:  # it counts the calls in flight and waiting too
         keys += lease_keys(op.key)
     return keys, (b"inspect", quota, now)
@@ -164,7 +188,13 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
         if notice is not None:
             notice(op.charges[int(index) - 1].key, part)
-    values = [int(word) for word in words]
+    stale = words[0] in (b"stale", "stale")  # stale NOW AT: see Verdict.stale
+    values = [int(word) for word in words[stale:]]
+    if stale:
+        now, at = values
+        if isinstance(op, Inspect):
+            return cast(T, Snapshot(now, at, 0, 0, (), (), stale=True))
+        return cast(T, Verdict(False, now, at, 0, (), stale=True))
     if isinstance(op, (Acquire, AcquireAll)):
         # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head,
         # 4 refused for a full cap.
@@ -175,9 +205,13 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     if isinstance(op, Renew):
         return cast(T, bool(values[0]))
     if isinstance(op, Inspect):
-        now, next_slot, pause, booked, in_flight, queued, *per_rate = values
+        now, next_slot, pause, booked, in_flight, queued, limit, units, until, *per_rate = values
         used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
-        return cast(T, Snapshot(now, next_slot, pause, booked, used, ready, in_flight, queued))
+        learned = (limit, units, until) if until >= 0 else None
+        snapshot = Snapshot(
+            now, next_slot, pause, booked, used, ready, in_flight, queued, learned=learned
+        )
+        return cast(T, snapshot)
     if isinstance(op, Pause):
         return cast(T, values[0])
     return cast(T, None)

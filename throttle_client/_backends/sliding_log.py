@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
@@ -26,15 +27,18 @@ from .base import (
     AcquireAll,
     Charge,
     Inspect,
+    Learn,
     Op,
     Pause,
     Quota,
     Reset,
     Snapshot,
     Verdict,
+    Windows,
 )
 
 T = TypeVar("T")
+MAX_TIME = 2**63  # after any time a store works with (see _ranges)
 logger = logging.getLogger("throttle_client")
 
 
@@ -45,6 +49,8 @@ class LogView(Protocol):
     total: int  # running total of all admitted costs
     base: int  # running total at the newest trimmed entry
     pause_until: int
+    # What the upstream said (base.Learn): (since, until, limit), or None.
+    learned: tuple[int, int, int] | None
 
     def slot_of(self, call_id: str) -> int | None:
         """The slot booked by ``call_id``, if it is in the log."""
@@ -66,6 +72,8 @@ class LogView(Protocol):
 
     def set_pause(self, until: int) -> None: ...
 
+    def set_learned(self, learned: tuple[int, int, int]) -> None: ...
+
     def delete(self) -> None: ...
 
     def expire_at(self, when: int) -> None:
@@ -73,7 +81,7 @@ class LogView(Protocol):
 
 
 def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
-    """When ``cost`` more fits under one rate, as far as that rate goes (0: at any time).
+    """When ``cost`` more fits under one sliding rate, as far as it goes (0: at any time).
 
     Slots never go backwards, so every entry lies at or before any new slot: the window
     ending there must drop every entry up to the one at which the running total reaches
@@ -83,34 +91,137 @@ def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
     return log.time_at_cum(target) + period if target > log.base else 0
 
 
+# -- calendar rates (issue 11) ---------------------------------------------------------------
+# A calendar rate counts the units of each fixed window, from its start less the margin to
+# its end (see base.Windows). A slot counts in its own window and, within the margin of
+# that window's end, in the next one too. Slots never go backwards, so a new slot lies at
+# or after every entry: a window that is full at the earliest slot moves it to the
+# window's end, where the next window holds nothing but entries within the margin of its
+# start; so a rate moves a slot at most twice, and the other constraints, met at the
+# earlier slot, stay met at the later one.
+
+
+class Stale(Exception):
+    """A decision needs a calendar window the limiter did not give: ``at`` is the time."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(at)
+        self.at = at
+
+
+def counting(windows: Windows, slot: int) -> range:
+    """The indices of the given windows that count ``slot``: its own, and the next one
+    too within the margin of its end; Stale if one of them is not given."""
+    spans, margin = windows.spans, windows.margin_us
+    own = bisect_right(spans, (slot, MAX_TIME)) - 1
+    if own < 0 or slot >= spans[own][1]:
+        raise Stale(slot)
+    if slot < spans[own][1] - margin:
+        return range(own, own + 1)
+    if own + 1 == len(spans) or spans[own + 1][0] != spans[own][1]:
+        raise Stale(slot)
+    return range(own, own + 2)
+
+
+def counted(log: LogView, windows: Windows, i: int) -> int:
+    """Units window ``i`` counts: slots from the margin before its start to its end."""
+    start, end = windows.spans[i]
+    return log.cum_through(end - 1) - log.cum_through(start - windows.margin_us - 1)
+
+
+def since_keep_from(log: LogView, windows: Windows, through: int | None = None) -> int:
+    """Units in the window that holds now (it starts at ``keep_from``), through
+    ``through`` (None: every booked slot, of this window or later: an upper bound)."""
+    older = log.cum_through(windows.keep_from - windows.margin_us - 1)
+    return (log.total if through is None else log.cum_through(through)) - older
+
+
+def calendar_slot(log: LogView, quota: Quota, slot: int, cost: int, *, learned: bool = True) -> int:
+    """The earliest slot from ``slot`` at which ``cost`` fits every calendar rate, and
+    (``learned``) the limit learned from the upstream: a window of its own, which moves
+    a slot inside it that does not fit to its end, the upstream's reset."""
+    moved = True
+    while moved:
+        moved = False
+        for limit, period in quota.limits:
+            if isinstance(period, Windows):
+                for i in counting(period, slot):
+                    if counted(log, period, i) + cost > limit:
+                        slot, moved = period.spans[i][1], True
+                        break
+        if learned and log.learned is not None:
+            since, until, limit = log.learned
+            if since <= slot < until and learned_units(log) + cost > limit:
+                slot, moved = until, True
+    return slot
+
+
+def learned_units(log: LogView) -> int:
+    """Units a learned limit counts: slots from its ``since`` up to its ``until``."""
+    assert log.learned is not None
+    since, until, _ = log.learned
+    return log.cum_through(until - 1) - log.cum_through(since - 1)
+
+
+def keep_from(log: LogView, quota: Quota, now: int) -> int:
+    """The oldest slot any decision from ``now`` on can count (a learned limit in force
+    counts from its ``since``): entries before it may be trimmed."""
+    oldest = quota.keep_from(now)
+    if log.learned is not None and log.learned[1] > now:
+        oldest = min(oldest, log.learned[0])
+    return oldest
+
+
+def check_now(quota: Quota, now: int) -> None:
+    """Stale unless every calendar rate's windows begin at or before ``now``."""
+    for _, period in quota.limits:
+        if isinstance(period, Windows) and now < period.keep_from:
+            raise Stale(now)
+
+
 def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
-    """docs/design.md §1: max(now, last + gap, pause, and for each rate the time the cost fits)."""
+    """docs/design.md §1: max(now, last + gap, pause, and for each rate the time the cost
+    fits); then the calendar windows, which may move it on (Stale: windows missing)."""
+    check_now(quota, now)
     slot = max(now, log.pause_until)
     if log.last is not None:
         slot = max(slot, log.last + quota.min_interval_us)
     for limit, period in quota.limits:
-        slot = max(slot, fits_at(log, limit, period, cost))
-    return slot
+        if isinstance(period, int):
+            slot = max(slot, fits_at(log, limit, period, cost))
+    return calendar_slot(log, quota, slot, cost)
 
 
 def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
-    """Per rate, the units still free in the window that ends at ``point``."""
-    return tuple(
-        max(0, limit - (log.total - log.cum_through(point - period)))
-        for limit, period in quota.limits
-    )
+    """Per rate, the units still free in the window that ends at ``point`` (a calendar
+    rate: in the windows that count it; outside the windows given, in the one that holds
+    now, every booked unit counted)."""
+    free = []
+    for limit, period in quota.limits:
+        if isinstance(period, int):
+            used = log.total - log.cum_through(point - period)
+        else:
+            try:
+                used = max(counted(log, period, i) for i in counting(period, point))
+            except Stale:
+                used = since_keep_from(log, period)
+        free.append(max(0, limit - used))
+    return tuple(free)
 
 
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
         return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
-    slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
+    try:
+        slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
+    except Stale as stale:  # nothing written: the limiter asks again with windows there
+        return Verdict(False, now, stale.at, log.pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
         return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.quota, now))
     log.append(slot, op.cost, op.call_id)
-    log.trim(now - op.quota.longest_period_us)
+    log.trim(keep_from(log, op.quota, now) - 1)
     log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
     return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot))
 
@@ -123,16 +234,22 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     if booked is not None:  # the same call again: it holds its slot in every log
         return Verdict(True, now, booked, pause_until, remaining_all(logs, charges, booked))
     # Past a log's newest slot a window only loses entries as time goes on: the latest
-    # of the keys' earliest slots is the earliest that suits them all.
-    slot = max(
-        now + op.lead_us,
-        *(earliest_slot(log, c.quota, now, c.cost) for log, c in zip(logs, charges, strict=True)),
-    )
+    # of the keys' earliest slots is the earliest that suits them all, once it also fits
+    # every key's calendar windows (which may move it on: so round again until it stays).
+    pairs = list(zip(logs, charges, strict=True))
+    try:
+        slot = max(
+            now + op.lead_us, *(earliest_slot(log, c.quota, now, c.cost) for log, c in pairs)
+        )
+        while (later := max(calendar_slot(log, c.quota, slot, c.cost) for log, c in pairs)) != slot:
+            slot = later
+    except Stale as stale:
+        return Verdict(False, now, stale.at, pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         return Verdict(False, now, slot, pause_until, remaining_all(logs, charges, now))
-    for log, charge in zip(logs, charges, strict=True):
+    for log, charge in pairs:
         log.append(slot, charge.cost, op.call_id)
-        log.trim(now - charge.quota.longest_period_us)
+        log.trim(keep_from(log, charge.quota, now) - 1)
         log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
     return Verdict(True, now, slot, pause_until, remaining_all(logs, charges, slot))
 
@@ -150,14 +267,32 @@ def remaining_all(
 def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:
     """Units used (slots up to now) apart from units booked (slots ahead), per rate."""
     through_now = log.cum_through(now)
-    limits = op.quota.limits
+    used, ready = [], []
+    try:
+        next_slot = earliest_slot(log, op.quota, now, 1)
+        for limit, period in op.quota.limits:
+            if isinstance(period, int):
+                used.append(through_now - log.cum_through(now - period))
+                ready.append(max(now, fits_at(log, limit, period, 1)))
+            else:
+                if period.spans[0][0] == period.keep_from and now >= period.spans[0][1]:
+                    raise Stale(now)  # now is past the window the limiter took for now's
+                alone = Quota(((limit, period),), 0)  # when a call of cost 1 fits this rate
+                used.append(since_keep_from(log, period, now))
+                ready.append(calendar_slot(log, alone, now, 1, learned=False))
+    except Stale as stale:
+        return Snapshot(now, stale.at, log.pause_until, 0, (), (), stale=True)
+    learned = None
+    if log.learned is not None and log.learned[1] > now:
+        learned = (log.learned[2], learned_units(log), log.learned[1])
     return Snapshot(
         now_us=now,
-        next_slot_us=earliest_slot(log, op.quota, now, 1),
+        next_slot_us=next_slot,
         pause_until_us=log.pause_until,
         booked=log.total - through_now,
-        used=tuple(through_now - log.cum_through(now - period) for _, period in limits),
-        ready_at_us=tuple(max(now, fits_at(log, limit, period, 1)) for limit, period in limits),
+        used=tuple(used),
+        ready_at_us=tuple(ready),
+        learned=learned,
     )
 
 
@@ -169,6 +304,15 @@ def pause(log: LogView, op: Pause, now: int) -> int:
     return log.pause_until
 
 
+def learn(log: LogView, op: Learn, now: int) -> None:
+    """Hold the key to what the upstream said, unless a newer report holds already."""
+    old = log.learned
+    if op.until_us > now and (old is None or old[1] <= now or op.since_us >= old[0]):
+        log.set_learned((op.since_us, op.until_us, op.limit))
+        # The entries it counts must last until its end.
+        log.expire_at(max(op.until_us, max(log.last or 0, log.pause_until) + op.quota.horizon_us))
+
+
 def execute(log: LogView, op: Op[T], now: int) -> T:
     """Run ``op`` on ``log`` at ``now`` (µs); the caller provides atomicity."""
     if isinstance(op, Acquire):
@@ -177,6 +321,8 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
         return cast(T, inspect(log, op, now))
     if isinstance(op, Pause):
         return cast(T, pause(log, op, now))
+    if isinstance(op, Learn):
+        return cast(T, learn(log, op, now))
     if isinstance(op, Reset):
         log.delete()
         return cast(T, None)

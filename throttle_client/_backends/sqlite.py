@@ -41,6 +41,7 @@ from .base import (
     AcquireAll,
     Backend,
     Inspect,
+    Learn,
     Op,
     Pause,
     Quota,
@@ -88,14 +89,22 @@ CREATE TABLE IF NOT EXISTS tc_tickets (
     PRIMARY KEY (key, lease_id)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS tc_tickets_number ON tc_tickets (key, number);
+CREATE TABLE IF NOT EXISTS tc_learned (
+    key TEXT PRIMARY KEY,
+    since INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    lim INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
 # slots never go backwards, so ordering by slot then cum follows the (key, slot, cum) index.
 # The meta, and whether the key has any entry: a meta whose entries are gone is repaired.
+# (A learned limit, sliding_log.learn, lives in a table of its own, read with the meta.)
 _META = (
-    "SELECT last, total, base, pause_until, expires_at, "
-    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?) FROM tc_meta WHERE key = ?"
+    "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, "
+    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim "
+    "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
 _OLDEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot, cum LIMIT 1"
@@ -108,6 +117,7 @@ _FIRST_AFTER = "SELECT slot FROM tc_entries WHERE key = ? AND slot > ? ORDER BY 
 _TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
 _FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
 _FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
+_FORGET_LEARNED = "DELETE FROM tc_learned WHERE key = ?"
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
@@ -135,6 +145,7 @@ LOOKUPS = (
     _TRIM,
     _FORGET_ENTRIES,
     _FORGET_META,
+    _FORGET_LEARNED,
     _EXPIRED,
     _PRUNE,
     _HOLDING,
@@ -172,6 +183,8 @@ class _SQLiteLog:
         self.total = 0
         self.base = 0
         self.pause_until = 0
+        self.learned: tuple[int, int, int] | None = None
+        self.learned_dirty = False
         self.expires_at = 0
         self.dirty = False  # meta must be written back
         self.live = True  # False: the stored rows are expired and must be ignored
@@ -187,6 +200,8 @@ class _SQLiteLog:
             self.lost, self.unreadable = "meta", True
         elif not 0 < row[4] <= now:
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
+            if all(type(n) is int for n in row[6:9]):
+                self.learned = row[6:9]
             if self.total > self.base and not row[5]:
                 self.lost = "log"
         elif writable:  # nothing in it matters any more: start afresh
@@ -259,11 +274,16 @@ class _SQLiteLog:
         self.pause_until = until
         self.dirty = True
 
+    def set_learned(self, learned: tuple[int, int, int]) -> None:
+        self.learned = learned
+        self.learned_dirty = self.dirty = True
+
     def delete(self) -> None:
         self.db.execute(_FORGET_ENTRIES, (self.key,))
         self.db.execute(_FORGET_META, (self.key,))
+        self.db.execute(_FORGET_LEARNED, (self.key,))
         self.last, self.total, self.base, self.pause_until, self.expires_at = None, 0, 0, 0, 0
-        self.dirty = False
+        self.learned, self.dirty, self.learned_dirty = None, False, False
 
     def expire_at(self, when: int) -> None:
         if when > self.expires_at:
@@ -278,6 +298,11 @@ class _SQLiteLog:
                 "last = excluded.last, total = excluded.total, base = excluded.base, "
                 "pause_until = excluded.pause_until, expires_at = excluded.expires_at",
                 (self.key, self.last, self.total, self.base, self.pause_until, self.expires_at),
+            )
+        if self.learned_dirty and self.learned is not None:
+            self.db.execute(
+                "INSERT OR REPLACE INTO tc_learned (key, since, until, lim) VALUES (?, ?, ?, ?)",
+                (self.key, *self.learned),
             )
 
 
@@ -654,7 +679,8 @@ class SQLiteBackend(Backend):
         elif isinstance(op, (Release, Renew)):  # leases only: no log is read
             parts = []
         else:
-            parts = [(op.key, op.quota if isinstance(op, (Acquire, Inspect, Pause)) else None)]
+            quota = op.quota if isinstance(op, (Acquire, Inspect, Pause, Learn)) else None
+            parts = [(op.key, quota)]
         logs: list[_SQLiteLog] = []
         for key, quota in parts:
             log = _SQLiteLog(db, key, now, writable=writable)
@@ -729,6 +755,7 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     keys = db.execute(_EXPIRED, (now, _SWEEP_BATCH)).fetchall()
     db.executemany(_FORGET_ENTRIES, keys)
     db.executemany(_FORGET_META, keys)
+    db.executemany(_FORGET_LEARNED, keys)
     # These two scan their table, which holds only the calls in flight or waiting (and
     # the few such leftovers), never a row for every key.
     held = db.execute(_EXPIRED_HOLDERS, (now, _SWEEP_BATCH)).fetchall()

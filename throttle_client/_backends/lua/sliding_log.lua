@@ -8,17 +8,19 @@
 --         so L answers both "running total at the newest slot <= t" and "slot at which
 --         the running total reaches y" with one lookup each, and one ZADD NX books
 --         a call and refuses a second booking of the same call id.
--- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp) (µs and
---            costs; -1 for no entry). L and M are given one TTL together.
+-- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp, since,
+--            until, limit) (µs and costs; -1 for no entry; the last three: a limit learned
+--            from the upstream, until 0 for none, absent in metas of older versions).
+--            L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
--- ARGV[1] the operation: acquire | inspect | pause | reset | acquire_all | lease | release
---         | renew (the last three: concurrency caps, see "Concurrency caps" below)
+-- ARGV[1] the operation: acquire | inspect | pause | learn | reset | acquire_all | lease |
+--         release | renew (the last three: concurrency caps, see "Concurrency caps" below)
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
---         now + lead; optional, 0);  pause: duration µs
+--         now + lead; optional, 0);  pause: duration µs;  learn: since, until, limit
 -- acquire_all (one call charged to several keys, all or nothing): KEYS are L, M pairs,
 --         one per key, all in one hash slot; ARGV[2] "-", ARGV[3] now, then max wait,
 --         call id, lead, and per key its quota and its cost. One slot for every key, the
@@ -27,7 +29,8 @@
 -- to read than an array:
 --   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING...  (acquire_all: each key's
 --   rates in turn, PAUSE the latest)   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
---   pause: PAUSE NOW   reset: 1   (inspect: IN_FLIGHT WAITING follow BOOKED, 0 0 uncapped;
+--   pause: PAUSE NOW   reset, learn: 1   (inspect: IN_FLIGHT WAITING, 0 0 uncapped, and a
+--   learned limit's LIMIT UNITS UNTIL, -1 -1 -1 for none, follow BOOKED;
 --   a capped key's inspect gives its H, Q, A after L and M)
 --
 -- `first` (the oldest logged slot) lets a window that starts before it skip its
@@ -61,10 +64,11 @@ end
 local repaired -- the part of a key this call rebuilt: 'log' or 'meta', ':' and which key in
                -- an acquire_all (or nil)
 
-local function reply(values) -- integers, formatted with %d: never 1.7e+15
+local function reply(values, word) -- integers, formatted with %d: never 1.7e+15
   for i = 1, #values do values[i] = format('%d', values[i]) end
-  if repaired then return 'repaired:' .. repaired .. ' ' .. table.concat(values, ' ') end
-  return table.concat(values, ' ')
+  local text = (word or '') .. table.concat(values, ' ')
+  if repaired then return 'repaired:' .. repaired .. ' ' .. text end
+  return text
 end
 
 local op = ARGV[1]
@@ -82,28 +86,62 @@ else
   if not now then return fail('bad time ' .. tostring(ARGV[3])) end
 end
 
--- A quota, read from its msgpack: {gap, limits, periods, nrates, longest, smallest,
--- horizon, slack}, or nil and what is wrong with it.
+-- A calendar rate's windows (sliding_log.py, "calendar rates"; base.Windows), read from
+-- its msgpack [keep_from, margin, start, end, start, end, ...]: {keep, margin, starts,
+-- ends, longest}; the windows in order, none overlapping.
+local function read_windows(packed)
+  local keep, margin, n = whole(packed[1], 0), whole(packed[2], 0), (#packed - 2) / 2
+  if not keep or not margin or n < 1 or n % 1 ~= 0 then return nil end
+  local w = {keep = keep, margin = margin, starts = {}, ends = {}, longest = 0}
+  for i = 1, n do
+    local a, b = whole(packed[2 * i + 1], 0), whole(packed[2 * i + 2], 0)
+    if not a or not b or b <= a or (i > 1 and a < w.ends[i - 1]) then return nil end
+    w.starts[i], w.ends[i] = a, b
+    if b - a > w.longest then w.longest = b - a end
+  end
+  w.longest = w.longest + margin
+  return w
+end
+
+-- A quota, read from its msgpack: {gap, limits, periods, windows, nrates, longest,
+-- smallest, horizon, slack, cutoff}, or nil and what is wrong with it. A rate's period
+-- is a number (sliding, µs) or an array (a calendar rate's windows).
 local function read_quota(packed)
   local ok, quota = pcall(cmsgpack.unpack, packed or '')
   if not ok or type(quota) ~= 'table' then return nil, 'bad quota' end
   local gap, nrates = whole(quota[1], 0), (#quota - 1) / 2
   if not gap or nrates < 1 or nrates % 1 ~= 0 then return nil, 'bad quota' end
-  local q = {gap = gap, nrates = nrates, limits = {}, periods = {}, longest = 0, smallest = math.huge}
+  local q = {gap = gap, nrates = nrates, limits = {}, periods = {}, windows = {}, longest = 0,
+             smallest = math.huge, keep = math.huge}
   for i = 1, nrates do
-    local limit, period = whole(quota[2 * i], 1), whole(quota[2 * i + 1], 1)
-    if not limit or not period then return nil, 'bad rate #' .. i end
-    q.limits[i], q.periods[i] = limit, period
-    if period > q.longest then q.longest = period end
+    local limit, period = whole(quota[2 * i], 1), quota[2 * i + 1]
+    if type(period) == 'table' then
+      local w = read_windows(period)
+      if not limit or not w then return nil, 'bad calendar rate #' .. i end
+      q.limits[i], q.periods[i], q.windows[i] = limit, 0, w
+      if w.longest > q.longest then q.longest = w.longest end
+      if w.keep - w.margin < q.keep then q.keep = w.keep - w.margin end
+    else
+      period = whole(period, 1)
+      if not limit or not period then return nil, 'bad rate #' .. i end
+      q.limits[i], q.periods[i] = limit, period
+      if period > q.longest then q.longest = period end
+      if now - period + 1 < q.keep then q.keep = now - period + 1 end
+    end
     if limit < q.smallest then q.smallest = limit end
   end
   q.horizon = math.max(q.longest, gap)
   q.slack = math.max(math.floor(q.horizon / 10), 1000000) -- TTL and trimming batch, µs
+  q.cutoff = q.keep - 1 -- entries at or before it count in no window any more
   return q
 end
 
 local function entry(cum) -- the "s" member of the entry whose running total is cum
   return format('s%015d', cum)
+end
+
+local function pack_meta(k)
+  return cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"], k.learned)
 end
 
 -- Write a key's M. When what still matters (`needed`) reaches past `expires`, L and M
@@ -112,13 +150,13 @@ end
 -- M alone could outlive L's (two injected clocks 10 s apart left M 10 s longer than L).
 local function save(k, needed, renew)
   if not renew and needed <= k.expires then
-    redis.call('SET', k.meta, cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires), 'KEEPTTL')
+    redis.call('SET', k.meta, pack_meta(k), 'KEEPTTL')
     return
   end
   k.expires = needed + k.q.slack
   local ttl = format('%d', math.ceil((k.expires - now) / 1000))
   redis.call('PEXPIRE', k.log, ttl)
-  redis.call('SET', k.meta, cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires), 'PX', ttl)
+  redis.call('SET', k.meta, pack_meta(k), 'PX', ttl)
 end
 
 -- One key's state, read from its M, with whatever is lost rebuilt first.
@@ -129,14 +167,18 @@ end
 -- slot arithmetic never admits a call the lost state would have refused. A key of the
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
-  local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0}
+  local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
+             since = 0, ["until"] = 0, learned = 0}
   local fixed
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i = pcall(cmsgpack.unpack, state)
     if ok and tag == 'tc1' and type(a) == 'number' and type(b) == 'number' and type(c) == 'number'
         and type(d) == 'number' and type(e) == 'number' and type(f) == 'number' then
       k.last, k.total, k.base, k.pause, k.first, k.expires = a, b, c, d, e, f
+      if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' then
+        k.since, k["until"], k.learned = g, h, i
+      end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
     end
@@ -188,25 +230,92 @@ local function cum_through(k, t)
   return tonumber(string.sub(hit, 2))
 end
 
-local function earliest_slot(k, cost)
-  local q = k.q
-  local slot = math.max(now, k.pause, k.last + q.gap)
-  if k.last < 0 then slot = math.max(now, k.pause) end
-  for i = 1, q.nrates do
-    local target = k.total - q.limits[i] + cost
-    if target > k.base then
-      slot = math.max(slot, time_at_cum(k, target) + q.periods[i])
+-- Calendar rates (sliding_log.py, step for step): the given windows that count a slot
+-- (first and last index; nil if one is not given), the units a window counts, and the
+-- earliest slot from `slot` at which `cost` fits every calendar rate (or only rate
+-- `only`): nil and the time whose window is missing, when one is.
+local function counting(w, slot)
+  local own = 0
+  while own < #w.starts and w.starts[own + 1] <= slot do own = own + 1 end
+  if own == 0 or slot >= w.ends[own] then return nil end
+  if slot < w.ends[own] - w.margin then return own, own end
+  if own == #w.starts or w.starts[own + 1] ~= w.ends[own] then return nil end
+  return own, own + 1
+end
+
+local function counted(k, w, i)
+  return cum_through(k, w.ends[i] - 1) - cum_through(k, w.starts[i] - w.margin - 1)
+end
+
+local function learned_units(k) -- units a learned limit counts: slots in [since, until)
+  return cum_through(k, k["until"] - 1) - cum_through(k, k.since - 1)
+end
+
+local function calendar_slot(k, slot, cost, only)
+  local q, moved = k.q, true
+  while moved do
+    moved = false
+    for i = only or 1, only or q.nrates do
+      local w = q.windows[i]
+      if w then
+        local first, last = counting(w, slot)
+        if not first then return nil, slot end
+        for j = first, last do
+          if counted(k, w, j) + cost > q.limits[i] then
+            slot, moved = w.ends[j], true
+            break
+          end
+        end
+      end
+    end
+    -- A limit learned from the upstream (not when asked about one rate only).
+    if not only and k.since <= slot and slot < k["until"] and learned_units(k) + cost > k.learned then
+      slot, moved = k["until"], true
     end
   end
   return slot
 end
 
+-- The earliest slot for `cost`: max(now, last + gap, pause, each sliding rate's), then
+-- the calendar windows; or nil and the time whose window the limiter did not give.
+local function earliest_slot(k, cost)
+  local q = k.q
+  for i = 1, q.nrates do
+    if q.windows[i] and now < q.windows[i].keep then return nil, now end
+  end
+  local slot = math.max(now, k.pause, k.last + q.gap)
+  if k.last < 0 then slot = math.max(now, k.pause) end
+  for i = 1, q.nrates do
+    local target = k.total - q.limits[i] + cost
+    if not q.windows[i] and target > k.base then
+      slot = math.max(slot, time_at_cum(k, target) + q.periods[i])
+    end
+  end
+  return calendar_slot(k, slot, cost)
+end
+
 local function remaining_at(k, point, out)
   local q = k.q
   for i = 1, q.nrates do
-    out[#out + 1] = math.max(0, q.limits[i] - (k.total - cum_through(k, point - q.periods[i])))
+    local w, used = q.windows[i]
+    if not w then
+      used = k.total - cum_through(k, point - q.periods[i])
+    else
+      local first, last = counting(w, point)
+      if first then
+        used = 0
+        for j = first, last do used = math.max(used, counted(k, w, j)) end
+      else -- outside the windows given: the one holding now, every booked unit counted
+        used = k.total - cum_through(k, w.keep - w.margin - 1)
+      end
+    end
+    out[#out + 1] = math.max(0, q.limits[i] - used)
   end
   return out
+end
+
+local function stale(at) -- the windows given do not reach `at`: nothing was written
+  return reply({now, at}, 'stale ')
 end
 
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
@@ -230,7 +339,8 @@ local function book(k, slot, cost, id)
   k.total, k.last = cum, slot
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
   if fresh then k.first = slot end
-  local cutoff = now - k.q.longest
+  local cutoff = k.q.cutoff
+  if k["until"] > now and k.since - 1 < cutoff then cutoff = k.since - 1 end -- learned: kept
   if k.first <= cutoff - k.q.slack then -- trim a batch: entries no window can reach any more
     k.base = cum_through(k, cutoff)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
@@ -428,7 +538,21 @@ if op == 'acquire_all' or op == 'lease' then
     return reply(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
   end
   local slot = now + lead
-  for i = 1, n do slot = math.max(slot, earliest_slot(keys[i], costs[i])) end
+  for i = 1, n do
+    local earliest, missing = earliest_slot(keys[i], costs[i])
+    if not earliest then return stale(missing) end
+    slot = math.max(slot, earliest)
+  end
+  repeat -- a key's calendar windows may move the slot on: round again until it stays
+    local later = slot
+    for i = 1, n do
+      local fits, missing = calendar_slot(keys[i], slot, costs[i])
+      if not fits then return stale(missing) end
+      later = math.max(later, fits)
+    end
+    local moved = later ~= slot
+    slot = later
+  until not moved
   if max_wait >= 0 and slot - now > max_wait then
     for _, lk in ipairs(capped) do touch(lk) end
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
@@ -456,7 +580,9 @@ if op == 'acquire' then
   problem = check_cost(q, cost)
   if problem then return fail(problem) end
 
-  local slot = math.max(earliest_slot(k, cost), now + lead)
+  local earliest, missing = earliest_slot(k, cost)
+  if not earliest then return stale(missing) end
+  local slot = math.max(earliest, now + lead)
   if max_wait >= 0 and slot - now > max_wait then
     local earlier = booked(k, id)
     if earlier then return reply(remaining_at(k, earlier, {1, now, earlier, k.pause})) end
@@ -478,14 +604,37 @@ if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart fro
     in_flight = redis.call('ZCOUNT', KEYS[3], after, '+inf')
     waiting = redis.call('ZCOUNT', KEYS[5], after, '+inf')
   end
-  local answer = {now, earliest_slot(k, 1), k.pause, k.total - through_now, in_flight, waiting}
+  local next_slot, missing = earliest_slot(k, 1)
+  if not next_slot then return stale(missing) end
+  local answer = {now, next_slot, k.pause, k.total - through_now, in_flight, waiting, -1, -1, -1}
+  if k["until"] > now then answer[7], answer[8], answer[9] = k.learned, learned_units(k), k["until"] end
   for i = 1, q.nrates do
-    local ready, target = now, k.total - q.limits[i] + 1 -- when a call of cost 1 fits rate i
-    if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
-    answer[#answer + 1] = through_now - cum_through(k, now - q.periods[i])
+    local w, used, ready = q.windows[i]
+    if w then
+      if w.starts[1] == w.keep and now >= w.ends[1] then return stale(now) end
+      used = through_now - cum_through(k, w.keep - w.margin - 1)
+      ready, missing = calendar_slot(k, now, 1, i)
+      if not ready then return stale(missing) end
+    else
+      ready = now -- when a call of cost 1 fits rate i
+      local target = k.total - q.limits[i] + 1
+      if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
+      used = through_now - cum_through(k, now - q.periods[i])
+    end
+    answer[#answer + 1] = used
     answer[#answer + 1] = ready
   end
   return reply(answer)
+end
+
+if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
+  local since, till, limit = whole(ARGV[4], 0), whole(ARGV[5], 0), whole(ARGV[6], 0)
+  if not since or not till or not limit then return fail('bad learned limit') end
+  if till > now and (k["until"] <= now or since >= k.since) then
+    k.since, k["until"], k.learned = since, till, limit
+    save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
+  end
+  return '1'
 end
 
 if op == 'pause' then
