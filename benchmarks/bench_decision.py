@@ -13,7 +13,11 @@ CPU frequency, the log growing) hits every candidate alike:
   tc capped      ``with limiter.lease(key)`` on a limiter with ``max_concurrent``, never
                  full: admission (rates and cap in one script call) and release, two
                  round trips, timed together
+  tc calendar    ``try_acquire`` on a sliding hourly rate and a calendar day in
+                 America/Los_Angeles (issue 11): the windows travel with the quota
   limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
+  limits fixed   limits' ``FixedWindowRateLimiter.hit`` (windows aligned to the epoch, not
+                 to a calendar in a zone: the nearest a peer comes to a calendar day)
   pyrate         pyrate-limiter's ``Limiter(RedisBucket).try_acquire`` (non-blocking)
 
 each first in 1 worker process, then in 2 worker processes that hit the same key at
@@ -48,7 +52,9 @@ CANDIDATES: list[tuple[str, bool]] = [
     ("tc acquire", True),
     ("tc stacked", True),
     ("tc capped", True),
+    ("tc calendar", True),
     ("limits", True),
+    ("limits fixed", True),
     ("pyrate", True),
 ]
 HIGH = 10**9  # calls per hour: never reached, so every call is admitted
@@ -88,6 +94,13 @@ def build(name: str, url: str) -> Callable[[], object]:
                     return decision.allowed
 
             return lease
+        if name == "tc calendar":
+            daily = Limiter(
+                backend,
+                rates=[Rate(HIGH, 3600), Rate(HIGH, "day", tz="America/Los_Angeles")],
+                namespace="bench-calendar",
+            )
+            return lambda: daily.try_acquire("token-calendar").allowed
         if name == "tc stacked":
             account = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench-account")
             both = [(account, "account-stacked")]
@@ -101,6 +114,14 @@ def build(name: str, url: str) -> Callable[[], object]:
         moving = MovingWindowRateLimiter(RedisStorage(url))
         item = RateLimitItemPerHour(HIGH)
         return lambda: moving.hit(item, "token-limits")
+    if name == "limits fixed":
+        from limits import RateLimitItemPerDay
+        from limits.storage import RedisStorage
+        from limits.strategies import FixedWindowRateLimiter
+
+        fixed = FixedWindowRateLimiter(RedisStorage(url))
+        day = RateLimitItemPerDay(HIGH)
+        return lambda: fixed.hit(day, "token-limits-fixed")
     if name == "pyrate":
         from pyrate_limiter import Duration, RedisBucket
         from pyrate_limiter import Limiter as PyrateLimiter

@@ -59,6 +59,7 @@ class ModelUsage:
 class KeyLog:
     entries: list[tuple[int, int]] = field(default_factory=list)  # (slot, cost), never trimmed
     pause_until: int = 0
+    learned: tuple[int, int, int] | None = None  # (since, until, limit): from the upstream
 
 
 @dataclass
@@ -91,7 +92,17 @@ class Model:
         return self._in_window(log, slot, period)
 
     def _fits(self, log: KeyLog, slot: int, cost: int) -> bool:
+        if log.learned is not None:
+            since, until, limit = log.learned
+            if since <= slot < until and self._learned_units(log) + cost > limit:
+                return False
         return all(self._used_at(log, slot, period) + cost <= limit for limit, period in self.rates)
+
+    @staticmethod
+    def _learned_units(log: KeyLog) -> int:
+        assert log.learned is not None
+        since, until, _ = log.learned
+        return sum(cost for t, cost in log.entries if since <= t < until)
 
     @staticmethod
     def _first(
@@ -109,6 +120,7 @@ class Model:
             if not isinstance(period, Calendar)
             for t, _ in log.entries
         }
+        moments |= {log.learned[1] for _, log in logs if log.learned is not None}
         heap = sorted(m for m in moments if m >= floor)
         while True:
             moment = heapq.heappop(heap)
@@ -160,6 +172,21 @@ class Model:
         log = self._log(key)
         log.pause_until = max(log.pause_until, now + duration)
         return log.pause_until
+
+    def learn(self, key: str, now: int, since: int, until: int, limit: int) -> None:
+        """What the upstream said: at most ``limit`` units in slots [since, until). The
+        newest report (the latest ``since``) replaces one still in force."""
+        log = self._log(key)
+        old = log.learned
+        if until > now and (old is None or old[1] <= now or since >= old[0]):
+            log.learned = (since, until, limit)
+
+    def learned(self, key: str, now: int) -> tuple[int, int, int] | None:
+        """(limit, units it counts, until) of a learned limit in force, or None."""
+        log = self.logs.get(key, KeyLog())
+        if log.learned is None or log.learned[1] <= now:
+            return None
+        return (log.learned[2], self._learned_units(log), log.learned[1])
 
     def reset(self, key: str) -> None:
         self.logs.pop(key, None)

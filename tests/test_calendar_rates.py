@@ -51,6 +51,11 @@ def test_a_calendar_rate_is_spelled_in_rate_and_in_strings() -> None:
     assert Rate.parse("10/hours in Europe/Berlin").calendar is not None
     assert Rate.parse("10/day").calendar is None  # no zone: the sliding 24 hours, as before
     assert eval(repr(month)) == month and str(day) == "10000/day in America/Los_Angeles"
+    assert Rate.parse(str(month)) == month  # "3000/month in UTC from day 30"
+    either = Rate.parse("3/month from 2026-01-30 in America/Chicago")
+    assert either == Rate.parse("3/month in America/Chicago from day 30")
+    # Only the anchor's day of the month counts: a plan's months before the date too.
+    assert Rate(1, "month", anchor=date(2020, 7, 30)) == month.__class__(1, "month", anchor=30)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +70,7 @@ def test_a_calendar_rate_is_spelled_in_rate_and_in_strings() -> None:
         (lambda: Rate(10, 3600, tz="UTC"), "3600"),
         (lambda: Rate.parse("10/2 days in UTC"), "'10/2 days in UTC'"),
         (lambda: Rate.parse("10/day in Nowhere"), "'Nowhere'"),
+        (lambda: Rate.parse("10/month from day 32"), "32"),
         (lambda: Limiter(MemoryBackend(), rates="10/minute in UTC", margin=20), "margin=20"),
     ],
 )

@@ -42,6 +42,12 @@ EXPECTED = {
         "refused by the API (429): 0",
         "OK: both quotas of every token were honoured",
     ],
+    "calendar_quota.py": [
+        "Sun 08 Mar        40     23  00:00:00.050   Mon 09 Mar 00:00 PDT",
+        "refused by the API (429): 0",
+        "admitted Sat 28 Feb 00:00, window resets at Mon 30 Mar 00:00 UTC",
+        "OK: every Pacific day got its quota from local midnight, every month from the 30th",
+    ],
 }
 
 

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 
 from throttle_client import (
     CostTooHigh,
+    Decision,
     Limiter,
     MemoryBackend,
     Rate,
@@ -132,6 +133,7 @@ class Agreement(RuleBasedStateMachine):
             limiter_rates.insert(0, rate)
             self.clock.us = start
         self.model = Model(model_rates, gap and gap + margin)
+        self.margin = margin
         self.min_limit = min(limit for limit, _ in model_rates)
         options: dict[str, Any] = {
             "rates": limiter_rates,
@@ -287,6 +289,37 @@ class Agreement(RuleBasedStateMachine):
             assert to_us(limiter.pause(key, duration / US)) == expected, name
         self.lift_ttls(key)
 
+    @rule(
+        key=KEYS,
+        back=st.sampled_from([0, 1, 30_000, 500_000]),
+        remaining=st.integers(0, 4),
+        reset=st.sampled_from([1, 250_000, 1_000_000, 2_500_000]),
+    )
+    def learn(self, key: str, back: int, remaining: int, reset: int) -> None:
+        """Headers of a response to a call whose slot was ``back`` µs ago said
+        ``remaining`` more before ``reset`` µs from now: stricter than any rate here."""
+        now = self.clock.us
+        since = now - back - self.margin
+        self.model.learn(key, now, since, now + reset, remaining + 1)
+        headers = {
+            "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": f"{reset / US:.6f}",
+        }
+        for limiter in self.limiters.values():
+            decision = Decision(
+                allowed=True,
+                retry_after=0.0,
+                waited=0.0,
+                slot=(now - back) / US,
+                cost=1,
+                remaining=(10**6,) * len(limiter.rates),
+                rates=limiter.rates,
+                paused_until=None,
+            )
+            view = limiter.learn(key, decision, headers)
+            assert view is not None and view.remaining == remaining
+        self.lift_ttls(key)
+
     @rule(key=KEYS)
     def reset(self, key: str) -> None:
         self.model.reset(key)
@@ -305,6 +338,9 @@ class Agreement(RuleBasedStateMachine):
                 tuple(to_us(r.resets_in) for r in usage.rates),
                 to_us(usage.next_slot_in),
                 to_us(usage.paused_for),
+                None
+                if usage.learned is None
+                else (usage.learned.limit, usage.learned.used, to_us(usage.learned.resets_at)),
             )
             want = (
                 expected.used,
@@ -313,6 +349,7 @@ class Agreement(RuleBasedStateMachine):
                 expected.resets_in,
                 expected.next_slot_in,
                 expected.paused_for,
+                self.model.learned(key, self.clock.us),
             )
             assert got == want, name
         self.last_wait = expected.next_slot_in

@@ -145,7 +145,9 @@ def test_reset_forgets_the_holders_and_the_queue(tmp_path: Path) -> None:
     store_key = limiter.store_key(KEY)
     with limiter.lease(KEY):
         queued = limiter.backend.execute(
-            AcquireAll(limiter._charges(KEY, 1, ()), 10_000_000, "call", lease_id="elsewhere.call")
+            AcquireAll(
+                limiter._charges(KEY, 1, (), 0.0), 10_000_000, "call", lease_id="elsewhere.call"
+            )
         )
         assert queued.waiting
         assert rows(path, "tc_holders") == rows(path, "tc_tickets") == 1

@@ -20,11 +20,17 @@ _UNITS = {
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }  # fmt: skip
 # ASCII only: a Unicode \d would read Arabic-Indic or full-width digits as a number.
+_ZONE = r"\s+in\s+(?P<tz{n}>[A-Za-z0-9_+\-/]+)"
+_FROM = r"\s+from\s+(?:(?P<anchor{n}>\d{{4}}-\d\d-\d\d)|day\s+(?P<day{n}>\d{{1,2}}))"
 _RATE_RE = re.compile(
     r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)"
-    r"(?:\s+in\s+(?P<tz>[A-Za-z0-9_+\-/]+))?(?:\s+from\s+(?P<anchor>\d{4}-\d\d-\d\d))?\s*$",
+    # A calendar window's zone and anchor, in either order.
+    rf"(?:(?:{_ZONE.format(n=1)})?(?:{_FROM.format(n=1)})?|{_FROM.format(n=2)}{_ZONE.format(n=2)})"
+    r"\s*$",
     re.I | re.ASCII,
 )
+
+
 # A calendar window's nominal length (``Rate.period``, for display and rough sums only:
 # the store counts in the real windows, 23- to 25-hour days, 28- to 31-day months).
 _NOMINAL = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "week": 604800.0,
@@ -68,8 +74,9 @@ class Rate:
     >>> Rate(3000, "month", anchor=date(2026, 1, 30)) == Rate.parse("3000/month from 2026-01-30")
     True
 
-    (``anchor`` may also be the day of the month, ``anchor=30``.) ``calendar`` is the
-    window (None for a sliding rate); ``period`` is then its nominal
+    Only the anchor's day of the month counts (a plan's months, before and after the date
+    alike): ``anchor=30`` says the same. ``calendar`` is the window (None for a sliding
+    rate); ``period`` is then its nominal
     length (a month counts as 30.44 days there), for display only.
     """
 
@@ -113,10 +120,13 @@ class Rate:
         if not isinstance(text, str):
             raise ConfigurationError(f"a rate string is needed, not {text!r}")
         match = _RATE_RE.match(text)
+        tz = match and (match["tz1"] or match["tz2"])
+        anchor: str | int | None = match and (match["anchor1"] or match["anchor2"])
+        day = match and (match["day1"] or match["day2"])
+        if day:
+            anchor = int(day)
         calendar = match is not None and (
-            match["tz"] is not None
-            or match["anchor"] is not None
-            or match["unit"].lower() in ("month", "months")
+            tz is not None or anchor is not None or match["unit"].lower() in ("month", "months")
         )
         unit = match and (
             _calendar_unit(match["unit"]) if calendar else _UNITS.get(match["unit"].lower())
@@ -133,9 +143,7 @@ class Rate:
                 raise ConfigurationError(f"rate limit must be at most 2**40 ({MAX_LIMIT})")
             if calendar:
                 assert isinstance(unit, str)
-                return cls(
-                    int(match["limit"]), unit, tz=match["tz"] or "UTC", anchor=match["anchor"]
-                )
+                return cls(int(match["limit"]), unit, tz=tz or "UTC", anchor=anchor)
             count = float(match["count"]) if match["count"] else 1.0
             assert isinstance(unit, float)
             return cls(int(match["limit"]), count * unit)

@@ -193,7 +193,12 @@ class MemoryBackend(Backend):
 
         result = leases.execute(op, logs, view, now, granted)
         for key, log in zip(keys, logs, strict=True):
-            if not log.times and log.pause_until <= now and log.last is None:
+            if (
+                not log.times
+                and log.pause_until <= now
+                and log.last is None
+                and (log.learned is None or log.learned[1] <= now)
+            ):  # nothing in it: forgotten at once
                 del self._logs[key]
         for key in touched:  # a key with nobody holding or waiting is forgotten
             held = self._leases.get(key)

@@ -1,0 +1,339 @@
+"""Limits learned from the upstream's headers (issue 11 §2): reading every header shape,
+holding a key to a stricter view on every store (sync and async), reporting a looser one,
+the newest report winning, and never failing a response when the store cannot keep it.
+The Hypothesis comparison with the model (test_model.py) draws learned limits too; the
+fleet of processes against a real upstream is in test_learned_fleet.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from throttle_client import (
+    Decision,
+    Limiter,
+    LocalFallback,
+    MemoryBackend,
+    RedisBackend,
+    ThrottledClient,
+)
+from throttle_client._backends.base import Inspect, Learn, Quota
+from throttle_client._backends.redis import redis_keys
+from throttle_client._feedback import read_quota_view
+from throttle_client.testing import FakeClock, RedisServer
+
+NOW = 1_800_000_000.0
+
+
+# -- reading the headers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "30"}, (7, 30.0, None)),
+        (  # GitHub: epoch seconds, and the limit
+            {
+                "X-RateLimit-Remaining": "7",
+                "X-RateLimit-Reset": str(NOW + 12),
+                "X-RateLimit-Limit": "60",
+            },
+            (7, 12.0, 60),
+        ),
+        (
+            {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str((NOW + 2) * 1000)},
+            (0, 2.0, None),
+        ),
+        ({"RateLimit-Remaining": "3", "RateLimit-Reset": "5", "RateLimit-Limit": "9"}, (3, 5.0, 9)),
+        ({"RateLimit": "limit=10, remaining=4, reset=6"}, (4, 6.0, 10)),
+        (  # draft 08: the policy with the fewest left; its window when t= is missing
+            {
+                "RateLimit": '"minute";r=5;t=12, "day";r=2',
+                "RateLimit-Policy": '"minute";q=10;w=60, "day";q=100;w=86400',
+            },
+            (2, 86400.0, 100),
+        ),
+    ],
+)
+def test_every_shape_of_quota_header_is_read(headers: dict[str, str], expected: Any) -> None:
+    view = read_quota_view(headers, now=NOW)
+    assert view is not None and (view.remaining, view.reset, view.limit) == expected
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"X-RateLimit-Remaining": "7"},  # no reset: nothing said of when
+        {"X-RateLimit-Remaining": "-1", "X-RateLimit-Reset": "30"},
+        {"X-RateLimit-Remaining": "seven", "X-RateLimit-Reset": "30"},
+        {"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": str(NOW - 5)},  # already past
+        {"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "1e9999"},
+    ],
+)
+def test_headers_that_say_nothing_usable_are_ignored(headers: dict[str, str]) -> None:
+    assert read_quota_view(headers, now=NOW) is None
+
+
+# -- holding a key to what the upstream said --------------------------------------------------
+
+
+class HalfLimitAPI:
+    """An upstream that really allows ``limit`` per fixed second (by arrival on ``clock``),
+    and says so in X-RateLimit headers; each request takes ``delay`` seconds to arrive."""
+
+    def __init__(self, clock: FakeClock, limit: int, delay: float = 0.01) -> None:
+        self.clock, self.limit, self.delay = clock, limit, delay
+        self.counts: dict[int, int] = {}
+        self.statuses: list[int] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.clock.advance(self.delay)
+        window = math.floor(self.clock())
+        used = self.counts[window] = self.counts.get(window, 0) + 1
+        headers = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(max(0, self.limit - used)),
+            "X-RateLimit-Reset": str(window + 1),
+        }
+        status = 200 if used <= self.limit else 429
+        self.statuses.append(status)
+        return httpx.Response(status, headers=headers)
+
+
+def test_a_plan_half_the_configured_one_is_held_to_on_every_store(make_limiter: Any) -> None:
+    clock = FakeClock(NOW)
+    limiter = make_limiter(rates=["10/second"], clock=clock)
+    api = HalfLimitAPI(clock, limit=5)
+    inner = getattr(limiter, "limiter", limiter)  # the AsyncLimiter behind a SyncView
+    if make_limiter.mode == "sync":
+        with ThrottledClient(inner, transport=httpx.MockTransport(api)) as client:
+            for _ in range(40):
+                client.get("https://api.example.com/x", headers={"Authorization": "Bearer t"})
+    else:
+        from throttle_client import AsyncThrottledClient
+
+        async def send() -> None:
+            async with AsyncThrottledClient(inner, transport=httpx.MockTransport(api)) as client:
+                for _ in range(40):
+                    await client.get(
+                        "https://api.example.com/x", headers={"Authorization": "Bearer t"}
+                    )
+
+        limiter.loop.run_until_complete(send())
+    assert 429 not in api.statuses
+    full = [count for second, count in sorted(api.counts.items())][:-1]
+    assert full and all(count == 5 for count in full)  # all of what it allows, each second
+    usage = limiter.usage("t")
+    assert usage.learned is not None and usage.learned.limit <= 5
+    assert usage.upstream is not None and usage.upstream.stricter
+
+
+def counting(limiter: Limiter) -> list[Any]:
+    store = limiter._backend()
+    seen: list[Any] = []
+    execute = store.execute
+
+    def spy(op: Any) -> Any:
+        seen.append(op)
+        return execute(op)
+
+    store.execute = spy  # type: ignore[method-assign]
+    return seen
+
+
+def decision_of(limiter: Limiter, slot: float, remaining: int) -> Decision:
+    return Decision(True, 0.0, 0.0, slot, 1, (remaining,), limiter.rates, None)
+
+
+def test_a_looser_view_changes_nothing_and_is_told_once(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["10/minute"], clock=clock, sleep=clock.sleep)
+    ops = counting(limiter)
+    looser = {
+        "X-RateLimit-Remaining": "4000",
+        "X-RateLimit-Reset": "3600",
+        "X-RateLimit-Limit": "5000",
+    }
+    with caplog.at_level(logging.INFO, logger="throttle_client"):
+        for _ in range(3):
+            limiter.learn("t", limiter.acquire("t"), looser)
+    told = [r for r in caplog.records if "allows more than" in r.getMessage()]
+    assert len(told) == 1 and "the configured limits stay" in told[0].getMessage()
+    assert not [op for op in ops if isinstance(op, Learn)]  # the store is not written
+    usage = limiter.usage("t")
+    assert usage.learned is None
+    assert usage.upstream is not None and not usage.upstream.stricter
+    assert (usage.upstream.remaining, usage.upstream.limit) == (4000, 5000)
+    assert usage.upstream.resets_at == pytest.approx(NOW + 3600)
+
+
+def test_the_calls_after_the_answered_one_count_against_what_it_said_remained() -> None:
+    """Three calls booked; the first one's answer says 2 remain: the two in flight after
+    it take them, so the next call waits for the reset."""
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["100/minute"], clock=clock, sleep=clock.sleep)
+    first, *_ = [limiter.acquire("t") for _ in range(3)]
+    limiter.learn("t", first, {"X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "30"})
+    learned = limiter.usage("t").learned
+    assert learned is not None and (learned.limit, learned.used) == (3, 3)
+    refused = limiter.try_acquire("t")
+    assert not refused.allowed and refused.retry_after == pytest.approx(30)
+
+
+def test_the_newest_report_wins_and_an_older_one_is_ignored() -> None:
+    store = MemoryBackend()
+    quota = Quota(((100, 60_000_000),), 0)
+    now = 1_000_000_000_000
+
+    def learn(since: int, limit: int) -> None:
+        store.execute(Learn("k", quota, since, now + 10_000_000, limit, now_us=now))
+
+    def learned() -> Any:
+        return store.execute(Inspect("k", quota, now_us=now)).learned
+
+    learn(now - 5, 4)
+    learn(now - 9, 1)  # an older request's answer, arriving late: ignored
+    assert learned() == (4, 0, now + 10_000_000)
+    learn(now - 2, 2)
+    assert learned() == (2, 0, now + 10_000_000)
+
+
+class FixedWindowAPI:
+    """An asyncio upstream that allows ``limit`` per fixed second of real time and answers
+    after ``latency`` seconds, saying what remains; it notes each request's send time
+    (from the client's clock, in a header) and status."""
+
+    def __init__(self, limit: int, latency: float) -> None:
+        self.limit, self.latency = limit, latency
+        self.counts: dict[int, int] = {}
+        self.answered: list[tuple[float, int]] = []  # (sent, status)
+        self.first_answer = math.inf
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        now = time.time()
+        window = math.floor(now)
+        used = self.counts[window] = self.counts.get(window, 0) + 1
+        status = 200 if used <= self.limit else 429
+        await asyncio.sleep(self.latency)
+        headers = {
+            "X-RateLimit-Remaining": str(max(0, self.limit - used)),
+            "X-RateLimit-Reset": f"{window + 1:.3f}",
+        }
+        if status == 429:
+            headers["Retry-After"] = "1"
+        self.answered.append((float(request.headers["X-Sent"]), status))
+        self.first_answer = min(self.first_answer, time.time())
+        return httpx.Response(status, headers=headers)
+
+    def late_refusals(self) -> int:
+        """429s to requests sent after the first answer came back."""
+        return sum(
+            1 for sent, status in self.answered if status == 429 and sent > self.first_answer
+        )
+
+
+async def crowd(api: FixedWindowAPI, learn: bool, tasks: int = 12, seconds: float = 2.5) -> None:
+    from throttle_client import AsyncLimiter, AsyncThrottledClient, RetryPolicy
+
+    limiter = AsyncLimiter(MemoryBackend(), rates=["60/second"])
+    async with AsyncThrottledClient(
+        limiter,
+        transport=httpx.MockTransport(api),
+        learn=learn,
+        retry=RetryPolicy(max_attempts=1),
+    ) as client:
+        end = time.time() + seconds
+
+        async def worker() -> None:
+            while time.time() < end:
+                headers = {"Authorization": "Bearer t", "X-Sent": repr(time.time())}
+                await client.get("https://api.example.com/x", headers=headers)
+
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+
+
+def test_concurrent_calls_hold_to_a_smaller_plan_from_the_first_answer_on() -> None:
+    """12 tasks at once, configured for 60/s, against an API that allows 20 per second: after
+    the first answer not one more 429, and each whole second gets what the API allows
+    (less what is in flight when its answers say so). Without learning the same crowd is
+    refused over and over: the test tells the two apart."""
+    learning = FixedWindowAPI(limit=20, latency=0.02)
+    asyncio.run(crowd(learning, learn=True))
+    assert learning.late_refusals() == 0
+    whole = sorted(learning.counts.items())[1:-1]  # the first and last seconds are partial
+    assert whole and all(count >= 16 for _, count in whole), whole
+    blind = FixedWindowAPI(limit=20, latency=0.02)
+    asyncio.run(crowd(blind, learn=False))
+    assert blind.late_refusals() > 0
+
+
+def test_transports_can_be_told_not_to_learn() -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    api = HalfLimitAPI(clock, limit=5)
+    with ThrottledClient(limiter, transport=httpx.MockTransport(api), learn=False) as client:
+        for _ in range(12):
+            client.get("https://api.example.com/x", headers={"Authorization": "Bearer t"})
+    assert limiter.usage("t").learned is None and limiter.usage("t").upstream is None
+
+
+def test_a_store_that_cannot_keep_it_does_not_fail_the_response(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = RedisServer()
+    server.start()
+    limiter = Limiter(RedisBackend(server.url), rates=["10/second"], retry_for=0.1)
+    decision = limiter.acquire("t")
+    server.close()
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        view = limiter.learn(
+            "t", decision, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "5"}
+        )
+    assert view is not None and view.remaining == 0
+    assert any("could not keep what the upstream said" in r.getMessage() for r in caplog.records)
+
+
+def test_under_local_fallback_a_learned_limit_is_shared_out(own_redis: RedisServer) -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter(
+        RedisBackend(own_redis.url),
+        rates=["100/minute"],
+        clock=clock,
+        sleep=clock.sleep,
+        retry_for=0,
+        on_unavailable=LocalFallback(expected_workers=2),
+    )
+    own_redis.close()
+    first = limiter.acquire("t")  # from the process's own share, the store being gone
+    limiter.learn("t", first, {"X-RateLimit-Remaining": "4", "X-RateLimit-Reset": "30"})
+    admitted = 0
+    while limiter.try_acquire("t").allowed:
+        admitted += 1
+    assert admitted == (4 + 1) // 2 - 1  # half of "5 from the first call on", the first taken
+
+
+def test_a_meta_written_by_an_older_version_reads_as_no_learned_limit(redis_url: str) -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter(RedisBackend(redis_url), rates=["10/minute"], clock=clock, sleep=clock.sleep)
+    limiter.acquire("t")
+    _, meta = redis_keys(limiter.store_key("t"))
+    client = redis.Redis.from_url(redis_url)
+    # Seven fields, as before issue 11: (tag, last, total, base, pause, first, exp).
+    client.eval(
+        "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))}"
+        " redis.call('SET', KEYS[1], cmsgpack.pack(t[1], t[2], t[3], t[4], t[5], t[6], t[7]))",
+        1,
+        meta,
+    )
+    usage = limiter.usage("t")
+    assert usage.learned is None and usage.rates[0].used == 1
+    assert limiter.acquire("t").remaining == (8,)
+    client.close()
