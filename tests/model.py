@@ -91,8 +91,8 @@ class Model:
             return max(self._in_calendar(log, w, period.margin) for w in period.counting(slot))
         return self._in_window(log, slot, period)
 
-    def _fits(self, log: KeyLog, slot: int, cost: int) -> bool:
-        if log.learned is not None:
+    def _fits(self, log: KeyLog, slot: int, cost: int, learned: bool = True) -> bool:
+        if learned and log.learned is not None:
             since, until, limit = log.learned
             if since <= slot < until and self._learned_units(log) + cost > limit:
                 return False
@@ -178,6 +178,18 @@ class Model:
         newest report (the latest ``since``) replaces one still in force."""
         log = self._log(key)
         old = log.learned
+        # A report counting from before what every window (and a learned limit in force)
+        # still looks at is ignored: the store may have dropped entries it would count.
+        keep = min(
+            period.bounds(now)[0] - period.margin
+            if isinstance(period, Calendar)
+            else now - period + 1
+            for _, period in self.rates
+        )
+        if old is not None and old[1] > now:
+            keep = min(keep, old[0])
+        if since < keep:
+            return
         if until > now and (old is None or old[1] <= now or since >= old[0]):
             log.learned = (since, until, limit)
 
@@ -204,7 +216,10 @@ class Model:
         for limit, period in self.rates:
             # The first moment from now on at which one more unit fits this rate alone.
             alone = Model([(limit, period)], 0)
-            fits = self._first(now, [(alone, log)], functools.partial(alone._fits, log, cost=1))
+            # (As far as this rate goes: not a limit learned from the upstream.)
+            fits = self._first(
+                now, [(alone, log)], functools.partial(alone._fits, log, cost=1, learned=False)
+            )
             resets_in.append(fits - now)
         return ModelUsage(
             used=used,

@@ -52,6 +52,8 @@ def test_a_calendar_rate_is_spelled_in_rate_and_in_strings() -> None:
     assert Rate.parse("10/day").calendar is None  # no zone: the sliding 24 hours, as before
     assert eval(repr(month)) == month and str(day) == "10000/day in America/Los_Angeles"
     assert Rate.parse(str(month)) == month  # "3000/month in UTC from day 30"
+    assert Rate.parse("3000/month from 30") == month
+    assert Rate(1, "day", tz=ZoneInfo(LA)) == Rate(1, "day", tz=LA)
     either = Rate.parse("3/month from 2026-01-30 in America/Chicago")
     assert either == Rate.parse("3/month in America/Chicago from day 30")
     # Only the anchor's day of the month counts: a plan's months before the date too.
@@ -71,6 +73,10 @@ def test_a_calendar_rate_is_spelled_in_rate_and_in_strings() -> None:
         (lambda: Rate.parse("10/2 days in UTC"), "'10/2 days in UTC'"),
         (lambda: Rate.parse("10/day in Nowhere"), "'Nowhere'"),
         (lambda: Rate.parse("10/month from day 32"), "32"),
+        (lambda: Rate.parse("5/week"), "'5/week in UTC'"),
+        (lambda: Rate(10, "day", tz=""), "not ''"),
+        (lambda: Rate(10, "day", tz="localtime"), "'localtime'"),
+        (lambda: Rate(10, "month", anchor=datetime(2026, 1, 30)), "not a datetime"),
         (lambda: Limiter(MemoryBackend(), rates="10/minute in UTC", margin=20), "margin=20"),
     ],
 )

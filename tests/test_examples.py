@@ -36,6 +36,11 @@ EXPECTED = {
         "refused by the API (429): 0",
         "OK: every call waited for its slot",
     ],
+    "learned_limits.py": [
+        "4 worker threads, configured for 800/1s per token; the API allows 400/1s",
+        "refused by the API (429): 0 before the fleet's first answer, 0 after it",
+        "OK: the workers held to the limit the API stated",
+    ],
     "github_like.py": [
         "58 answered 200",
         "core calls: 40, search calls: 18",

@@ -64,7 +64,7 @@ NOW = 1_800_000_000.0
 )
 def test_every_shape_of_quota_header_is_read(headers: dict[str, str], expected: Any) -> None:
     view = read_quota_view(headers, now=NOW)
-    assert view is not None and (view.remaining, view.reset, view.limit) == expected
+    assert view is not None and (view.remaining, view.resets_in, view.limit) == expected
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,9 @@ def test_a_looser_view_changes_nothing_and_is_told_once(caplog: pytest.LogCaptur
     assert usage.learned is None
     assert usage.upstream is not None and not usage.upstream.stricter
     assert (usage.upstream.remaining, usage.upstream.limit) == (4000, 5000)
-    assert usage.upstream.resets_at == pytest.approx(NOW + 3600)
+    assert usage.upstream.resets_at == pytest.approx(NOW + 300)  # max_pause at most
+    limiter.reset("t")
+    assert limiter.usage("t").upstream is None
 
 
 def test_the_calls_after_the_answered_one_count_against_what_it_said_remained() -> None:
@@ -186,6 +188,86 @@ def test_the_calls_after_the_answered_one_count_against_what_it_said_remained() 
     assert learned is not None and (learned.limit, learned.used) == (3, 3)
     refused = limiter.try_acquire("t")
     assert not refused.allowed and refused.retry_after == pytest.approx(30)
+
+
+def test_a_longer_window_than_the_rates_is_stricter_when_it_allows_fewer() -> None:
+    """10/second configured, the upstream allows 100 an hour: fewer than the 35,000 the
+    rates would let through before its reset, so it is held to, though 99 > 9 left this
+    second."""
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    headers = {"X-RateLimit-Remaining": "99", "X-RateLimit-Reset": "3540"}
+    limiter.learn("t", limiter.acquire("t"), headers, max_pause=3600)
+    learned = limiter.usage("t").learned
+    assert learned is not None and learned.limit == 100
+    assert learned.resets_at == pytest.approx(NOW + 3540)
+
+
+def test_a_learned_limit_holds_for_max_pause_at_most(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "86400"}
+    limiter.learn("t", limiter.acquire("t"), spent)  # max_pause: 300 s by default
+    refused = limiter.try_acquire("t")
+    assert not refused.allowed and refused.retry_after == pytest.approx(300)
+    api_calls: list[float] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        api_calls.append(clock())
+        return httpx.Response(200, headers=spent)
+
+    from throttle_client import RetryPolicy
+
+    other = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    retry = RetryPolicy(max_pause=60)
+    with ThrottledClient(other, transport=httpx.MockTransport(api), retry=retry) as client:
+        for _ in range(2):
+            client.get("https://api.example.com/x", headers={"Authorization": "Bearer t"})
+    assert api_calls[1] - api_calls[0] == pytest.approx(60)  # the transport's max_pause
+
+
+def test_learn_refuses_what_is_not_an_admitted_call_and_reports_bad_headers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from throttle_client import ConfigurationError
+
+    clock = FakeClock(NOW)
+    limiter = Limiter(MemoryBackend(), rates=["1/minute"], clock=clock, sleep=clock.sleep)
+    admitted = limiter.acquire("t")
+    with pytest.raises(ConfigurationError, match="not None"):
+        limiter.learn("t", None, {})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="allowed=False"):
+        limiter.learn("t", limiter.try_acquire("t"), {})
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        bad = {"X-RateLimit-Remaining": "abc", "X-RateLimit-Reset": "30"}
+        assert limiter.learn("t", admitted, bad) is None
+    assert any("'abc'" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_an_answer_later_than_the_longest_window_is_not_learned_from(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The entries it would count from may be trimmed already: counting too few would
+    let too many through, so the store ignores it (the rates still hold)."""
+    backend: Any = (
+        MemoryBackend() if kind == "memory" else RedisBackend(request.getfixturevalue("redis_url"))
+    )
+    clock = FakeClock(NOW)
+    limiter = Limiter(backend, rates=["10/second"], clock=clock, sleep=clock.sleep, margin=0)
+    slow = limiter.acquire("t")
+    for _ in range(5):
+        limiter.acquire("t")
+    clock.advance(1.5)  # its answer comes back 1.5 s after its slot: past the 1 s window
+    limiter.acquire("t")  # (trims what the window no longer holds)
+    limiter.learn("t", slow, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"})
+    assert limiter.usage("t").learned is None
+    timely = limiter.acquire("t")
+    limiter.learn("t", timely, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"})
+    learned = limiter.usage("t").learned
+    # (It counts the call before it too: the same slot, which may have arrived after it.)
+    assert learned is not None and (learned.limit, learned.used) == (1, 2)
+    backend.close()
 
 
 def test_the_newest_report_wins_and_an_older_one_is_ignored() -> None:

@@ -297,14 +297,14 @@ class Agreement(RuleBasedStateMachine):
     )
     def learn(self, key: str, back: int, remaining: int, reset: int) -> None:
         """Headers of a response to a call whose slot was ``back`` µs ago said
-        ``remaining`` more before ``reset`` µs from now: stricter than any rate here."""
+        ``remaining`` more before ``reset`` µs from now. The limiter keeps it when it is
+        stricter than its rates could be (usage().upstream says which): so does the model."""
         now = self.clock.us
-        since = now - back - self.margin
-        self.model.learn(key, now, since, now + reset, remaining + 1)
         headers = {
             "X-RateLimit-Remaining": str(remaining),
             "X-RateLimit-Reset": f"{reset / US:.6f}",
         }
+        stricter = set()
         for limiter in self.limiters.values():
             decision = Decision(
                 allowed=True,
@@ -312,12 +312,19 @@ class Agreement(RuleBasedStateMachine):
                 waited=0.0,
                 slot=(now - back) / US,
                 cost=1,
-                remaining=(10**6,) * len(limiter.rates),
+                remaining=(0,) * len(limiter.rates),
                 rates=limiter.rates,
                 paused_until=None,
             )
             view = limiter.learn(key, decision, headers)
             assert view is not None and view.remaining == remaining
+            upstream = limiter.usage(key).upstream
+            assert upstream is not None
+            stricter.add(upstream.stricter)
+        assert len(stricter) == 1  # every limiter judged alike
+        if stricter.pop():
+            slot = round((now - back) / US * US)  # as the Decision's float seconds carry it
+            self.model.learn(key, now, slot - self.margin, now + reset, remaining + 1)
         self.lift_ttls(key)
 
     @rule(key=KEYS)

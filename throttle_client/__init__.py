@@ -19,11 +19,12 @@ from ._errors import (
     ThrottleTimeout,
 )
 from ._failure import LocalFallback
+from ._feedback import QuotaView
 from ._keys import store_key
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate
 from ._request_key import request_key
-from ._results import Decision, RateUsage, Usage
+from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
 from ._transport import (
     AsyncThrottledClient,
     AsyncThrottledTransport,
@@ -47,9 +48,11 @@ __all__ = [
     "ConfigurationError",
     "CostTooHigh",
     "Decision",
+    "LearnedLimit",
     "Limiter",
     "LocalFallback",
     "MemoryBackend",
+    "QuotaView",
     "Rate",
     "RateUsage",
     "RedisBackend",
@@ -60,6 +63,7 @@ __all__ = [
     "ThrottleTimeout",
     "ThrottledClient",
     "ThrottledTransport",
+    "UpstreamView",
     "Usage",
     "__version__",
     "request_key",

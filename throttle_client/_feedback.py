@@ -251,11 +251,11 @@ def _says_spent(headers: httpx.Headers) -> bool:
 @dataclass(frozen=True)
 class QuotaView:
     """What a response's headers say of the quota, spent or not (issue 11 §2):
-    ``remaining`` units until ``reset`` seconds from now, out of ``limit`` (None when
-    not said). ``header`` names the field it came from."""
+    ``remaining`` units until the reset, ``resets_in`` seconds from now, out of ``limit``
+    (None when not said). ``header`` names the field it came from."""
 
     remaining: int
-    reset: float
+    resets_in: float
     limit: int | None
     header: str
 
@@ -275,7 +275,7 @@ def read_quota_view(headers: httpx.Headers | Mapping[str, str], *, now: float) -
     seconds, for resets given as epoch times.
 
     >>> read_quota_view({"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "30"}, now=0)
-    QuotaView(remaining=7, reset=30.0, limit=None, header='X-RateLimit-Remaining')
+    QuotaView(remaining=7, resets_in=30.0, limit=None, header='X-RateLimit-Remaining')
     """
     if not isinstance(headers, httpx.Headers):
         headers = httpx.Headers(headers, encoding="utf-8")

@@ -58,7 +58,7 @@ from ._errors import (
     ThrottleTimeout,
 )
 from ._failure import FailureGuard, OnUnavailable, shrink
-from ._feedback import QuotaView, read_quota_view
+from ._feedback import ABSURD, QuotaView, read_feedback, read_quota_view
 from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
@@ -80,6 +80,9 @@ DEFAULT_MARGIN = 0.025
 # Answers after which a store whose time is still known less precisely than the margin
 # is taken to be that far for good (see _LimiterCore._late_by).
 WARM_UP = 8
+# The longest a learned limit holds by default (seconds), as RetryPolicy.max_pause's: a
+# reset further off is more often a bug upstream than advice.
+DEFAULT_MAX_PAUSE = 300.0
 # How many keys' last quota headers a limiter keeps for usage().upstream.
 UPSTREAM_VIEWS = 4096
 # Stale answers in a row (calendar windows asked again) before the store is given up on.
@@ -227,6 +230,7 @@ class _LimiterCore:
         # UPSTREAM_VIEWS keys only; and whether a looser view has been reported.
         self._upstream: OrderedDict[str, UpstreamView] = OrderedDict()
         self._told_looser = False
+        self._told_headers: set[str] = set()  # header values learn() could not read
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
 
@@ -682,25 +686,47 @@ class _LimiterCore:
             else:
                 return action, now
 
+    def _allows(self, span: float) -> float:
+        """At most how many units this limiter's rates and gap can let through in any
+        ``span`` seconds, whatever its logs hold: a sliding rate N per W, N for each W
+        the span reaches into; a calendar rate, N for each window it touches; the gap,
+        one call per gap. (What the rates have left now says nothing of the span: units
+        leave a sliding window all through it.)"""
+        bounds: list[float] = [
+            rate.limit * (math.ceil(span / rate.period) + (1 if rate.calendar else 0))
+            for rate in self.rates
+        ]
+        if self.min_interval:
+            bounds.append(math.floor(span / self.min_interval) + 1)
+        return min(bounds)
+
     def _usage_flow(self, key: str, now: float) -> Flow[Usage]:
         snap, _, _ = yield from self._ask_flow(self._inspect_op(key, now), now)
         usage = self._usage(snap)
         return dataclasses.replace(usage, upstream=self._upstream.get(self.store_key(key)))
 
     def _learn_flow(
-        self, key: str, decision: Decision, headers: Any, now: float, wall: float
+        self,
+        key: str,
+        decision: Decision,
+        headers: Any,
+        now: float,
+        wall: float,
+        max_pause: float,
     ) -> Flow[tuple[QuotaView | None, float]]:
         """Read a response's quota headers (``wall``: epoch seconds, for epoch resets)
         for the call ``decision`` admitted. A view stricter than this limiter's rates
         becomes the key's learned limit in the store, for every worker (docs/design.md
-        §1, "Limits learned from the upstream"); a looser one is only reported."""
+        §1, "Limits learned from the upstream"), for ``max_pause`` seconds at most; a
+        looser one is only reported."""
         view = read_quota_view(headers, now=wall)
         if view is None or not decision.remaining:
             return view, now
-        ours = min(decision.remaining[: len(self.rates)])  # also= partners' come after
-        stricter = view.remaining < ours
+        span = min(view.resets_in, max_pause)
+        allows = self._allows(span)
+        stricter = view.remaining < allows
         store_key = self.store_key(key)
-        until = self._store_time_us(now) + round(view.reset * US)
+        until = self._store_time_us(now) + round(span * US)
         self._upstream[store_key] = UpstreamView(
             view.remaining, _seconds(until), view.limit, stricter
         )
@@ -712,12 +738,13 @@ class _LimiterCore:
                 self._told_looser = True
                 log.info(
                     "throttle_client: the upstream allows more than %r is configured for "
-                    "(%s says %d left for %.0fs, the limiter %d): the configured limits stay",
+                    "(%s says %d left for %.0fs; the rates allow at most %d): the "
+                    "configured limits stay",
                     self,
                     view.header,
                     view.remaining,
-                    view.reset,
-                    ours,
+                    view.resets_in,
+                    allows,
                 )
             return view, now
         # Every call whose slot lies from this one's less the margin on may have reached
@@ -735,11 +762,11 @@ class _LimiterCore:
         )
         log.debug(
             "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "
-            "limiter's %d: held to it",
+            "rates allow (at most %d): held to it",
             view.remaining,
-            view.reset,
+            view.resets_in,
             view.header,
-            ours,
+            allows,
         )
         try:
             _, _, now = yield from self._execute_flow(op, now)
@@ -756,6 +783,7 @@ class _LimiterCore:
 
     def _reset_flow(self, key: str, now: float) -> Flow[None]:
         yield from self._execute_flow(self._reset_op(key, now), now)
+        self._upstream.pop(self.store_key(key), None)
 
     def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
         """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
@@ -831,6 +859,23 @@ class _LimiterCore:
                 limit=snap.learned[0], used=snap.learned[1], resets_at=_seconds(snap.learned[2])
             ),
         )
+
+    def _learn_checked(self, decision: object, headers: Any, max_pause: float) -> float:
+        """learn()'s arguments checked, header values it cannot read reported (once per
+        header): the wall-clock time to read them at."""
+        if not isinstance(decision, Decision) or not decision.allowed:
+            raise ConfigurationError(
+                f"learn() needs the Decision of an admitted call (the one the response "
+                f"answers), not {decision!r}"
+            )
+        bounded_seconds(max_pause, "max_pause")
+        wall = self._wall()
+        problems = read_feedback(200, headers, now=wall, max_pause=ABSURD, fallback=0).problems
+        for problem in problems:
+            level = logging.DEBUG if problem.header in self._told_headers else logging.WARNING
+            self._told_headers.add(problem.header)
+            log.log(level, "throttle_client: %s", problem.message)
+        return wall
 
     def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:
         duration = bounded_seconds(seconds, "pause seconds")
@@ -1010,14 +1055,21 @@ class Limiter(_LimiterCore):
         run(self._reset_flow(key, self._local()), self._perform)
 
     def learn(
-        self, key: str, decision: Decision, headers: httpx.Headers | Mapping[str, str]
+        self,
+        key: str,
+        decision: Decision,
+        headers: httpx.Headers | Mapping[str, str],
+        *,
+        max_pause: float = DEFAULT_MAX_PAUSE,
     ) -> QuotaView | None:
         """Read the quota headers of the response to the call ``decision`` admitted for
         ``key`` (``X-RateLimit-*``, or the IETF ``RateLimit`` fields): when the upstream
         allows fewer calls than this limiter's rates, every worker holds to that until
-        its reset (see ``usage(key).learned``). The throttled transports do this for every
-        response; call it when you send with a client of your own. Returns what was read."""
-        flow = self._learn_flow(key, decision, headers, self._local(), self._wall())
+        its reset, ``max_pause`` seconds at most (see ``usage(key).learned``). The
+        throttled transports do this for every response; call it when you send with a
+        client of your own. Returns what was read (None: nothing usable)."""
+        wall = self._learn_checked(decision, headers, max_pause)
+        flow = self._learn_flow(key, decision, headers, self._local(), wall, max_pause)
         return run(flow, self._perform)[0]
 
 
@@ -1132,10 +1184,16 @@ class AsyncLimiter(_LimiterCore):
         await arun(self._reset_flow(key, self._local()), self._perform)
 
     async def learn(
-        self, key: str, decision: Decision, headers: httpx.Headers | Mapping[str, str]
+        self,
+        key: str,
+        decision: Decision,
+        headers: httpx.Headers | Mapping[str, str],
+        *,
+        max_pause: float = DEFAULT_MAX_PAUSE,
     ) -> QuotaView | None:
         """See :meth:`Limiter.learn`."""
-        flow = self._learn_flow(key, decision, headers, self._local(), self._wall())
+        wall = self._learn_checked(decision, headers, max_pause)
+        flow = self._learn_flow(key, decision, headers, self._local(), wall, max_pause)
         return (await arun(flow, self._perform))[0]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from ._calendar import UNITS as CALENDAR_UNITS
 from ._calendar import CalendarWindow
@@ -21,7 +22,7 @@ _UNITS = {
 }  # fmt: skip
 # ASCII only: a Unicode \d would read Arabic-Indic or full-width digits as a number.
 _ZONE = r"\s+in\s+(?P<tz{n}>[A-Za-z0-9_+\-/]+)"
-_FROM = r"\s+from\s+(?:(?P<anchor{n}>\d{{4}}-\d\d-\d\d)|day\s+(?P<day{n}>\d{{1,2}}))"
+_FROM = r"\s+from\s+(?:(?P<anchor{n}>\d{{4}}-\d\d-\d\d)|(?:day\s+)?(?P<day{n}>\d{{1,2}}))"
 _RATE_RE = re.compile(
     r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)"
     # A calendar window's zone and anchor, in either order.
@@ -89,7 +90,7 @@ class Rate:
         limit: int,
         period: float | timedelta | str,
         *,
-        tz: str | None = None,
+        tz: str | ZoneInfo | None = None,
         anchor: date | str | int | None = None,
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -131,6 +132,12 @@ class Rate:
         unit = match and (
             _calendar_unit(match["unit"]) if calendar else _UNITS.get(match["unit"].lower())
         )
+        if match and unit is None and not calendar and _calendar_unit(match["unit"]):
+            raise ConfigurationError(
+                f"cannot parse rate {text!r}: a calendar {_calendar_unit(match['unit'])} "
+                f"resets in some time zone: say which, such as '{match['limit']}/"
+                f"{match['unit']} in UTC'"
+            )
         if not match or unit is None or (calendar and match["count"] not in (None, "1")):
             raise ConfigurationError(
                 f"cannot parse rate {text!r}: expected '<limit>/<period>' such as "
@@ -180,7 +187,9 @@ def _calendar_unit(word: str) -> str | None:
     return unit if unit in CALENDAR_UNITS else None
 
 
-def _calendar_window(unit: str, tz: str | None, anchor: date | str | int | None) -> CalendarWindow:
+def _calendar_window(
+    unit: str, tz: str | ZoneInfo | None, anchor: date | str | int | None
+) -> CalendarWindow:
     """The window of a calendar rate, every part checked and named when wrong."""
     name = _calendar_unit(unit)
     if name is None:
@@ -208,11 +217,16 @@ def _calendar_window(unit: str, tz: str | None, anchor: date | str | int | None)
             day = anchor  # the day of the month the subscription began
         elif isinstance(anchor, datetime) or not isinstance(anchor, date):
             raise ConfigurationError(
-                f"anchor must be a datetime.date or a day of the month from 1 to 31, not {anchor!r}"
+                f"anchor must be a date (datetime.date, not a datetime) or a day of the month "
+                f"from 1 to 31, not {anchor!r}"
             )
         else:
             day = anchor.day
-    if tz is not None and not isinstance(tz, str):
+    if isinstance(tz, ZoneInfo):
+        tz = tz.key
+    if tz is not None and (not isinstance(tz, str) or tz in ("", "localtime")):
+        # "localtime" names each host's own zone: workers on hosts set apart would count
+        # different windows of one key.
         raise ConfigurationError(f"tz must be an IANA zone name such as 'UTC', not {tz!r}")
     return CalendarWindow(name, tz or "UTC", day)
 

@@ -293,7 +293,7 @@ class _TransportCore(Generic[L]):
             response, now, wall = sent
             if self.learn:
                 _, now = yield from limiter._learn_flow(
-                    plan.key, decision, response.headers, now, wall
+                    plan.key, decision, response.headers, now, wall, self.retry.max_pause
                 )
             pause, retry = self.judge(plan, response, attempt, now=wall)
             if pause > 0:

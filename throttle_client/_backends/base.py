@@ -88,9 +88,10 @@ class Quota:
         )
 
     def keep_from(self, now: int) -> int:
-        """The oldest slot any decision from ``now`` on can count: older entries may go."""
+        """The oldest slot any decision from ``now`` on can count: older entries may go.
+        (A sliding window ending at now holds the slots after now - period.)"""
         return min(
-            now - p if isinstance(p, int) else p.keep_from - p.margin_us for _, p in self.limits
+            now - p + 1 if isinstance(p, int) else p.keep_from - p.margin_us for _, p in self.limits
         )
 
 

@@ -305,8 +305,13 @@ def pause(log: LogView, op: Pause, now: int) -> int:
 
 
 def learn(log: LogView, op: Learn, now: int) -> None:
-    """Hold the key to what the upstream said, unless a newer report holds already."""
+    """Hold the key to what the upstream said, unless a newer report holds already. A
+    report that counts from before the oldest slot the log surely still holds (an answer
+    that came back more than the longest window after its call) is ignored: entries it
+    would count may be trimmed, and counting too few would let too many through."""
     old = log.learned
+    if op.since_us < keep_from(log, op.quota, now):
+        return
     if op.until_us > now and (old is None or old[1] <= now or op.since_us >= old[0]):
         log.set_learned((op.since_us, op.until_us, op.limit))
         # The entries it counts must last until its end.

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -306,12 +307,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                         "booked": r.booked,
                         "remaining": r.remaining,
                         "resets_in": round(r.resets_in, 6),
+                        "resets_at": r.resets_at,  # a calendar rate: its window's end
                     }
                     for r in usage.rates
                 ],
                 "next_slot_in": round(usage.next_slot_in, 6),
                 "paused_for": round(usage.paused_for, 6),
                 "paused_until": usage.paused_until,
+                "learned": None
+                if usage.learned is None
+                else {
+                    "limit": usage.learned.limit,
+                    "used": usage.learned.used,
+                    "resets_at": usage.learned.resets_at,
+                },
             }
         )
     if args.json:
@@ -322,12 +331,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         for r in entry["rates"]:
             wait = f", a call can go in {r['resets_in']:.3f} s" if r["resets_in"] else ""
             counts = f"used {r['used']}, booked {r['booked']}, remaining {r['remaining']}"
-            print(f"  {r['rate']:<14} {counts}{wait}")
+            window = "" if r["resets_at"] is None else f", window ends {_when(r['resets_at'])}"
+            print(f"  {r['rate']:<14} {counts}{wait}{window}")
+        learned = entry["learned"]
+        if learned is not None:
+            print(
+                f"  learned from the upstream: {learned['used']} of {learned['limit']} "
+                f"until {_when(learned['resets_at'])}"
+            )
         wait = entry["next_slot_in"]
         print(f"  next free slot: {'now' if wait == 0 else f'in {wait:.3f} s'}")
         paused = entry["paused_for"]
         print(f"  paused: {'no' if paused == 0 else f'for {paused:.3f} s more'}")
     return EXIT_OK
+
+
+def _when(epoch: float) -> str:
+    """An epoch time as UTC, to the second."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def cmd_reset(args: argparse.Namespace) -> int:

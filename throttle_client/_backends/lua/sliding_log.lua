@@ -630,7 +630,9 @@ end
 if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
   local since, till, limit = whole(ARGV[4], 0), whole(ARGV[5], 0), whole(ARGV[6], 0)
   if not since or not till or not limit then return fail('bad learned limit') end
-  if till > now and (k["until"] <= now or since >= k.since) then
+  local keep = q.keep -- (an answer too late to count from: entries may be trimmed; ignored)
+  if k["until"] > now and k.since < keep then keep = k.since end
+  if since >= keep and till > now and (k["until"] <= now or since >= k.since) then
     k.since, k["until"], k.learned = since, till, limit
     save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
   end

@@ -1,0 +1,223 @@
+"""Limits learned from the upstream, across a fleet of processes (issue 11 §2).
+
+Worker processes send requests as fast as their limiter lets them, through
+``ThrottledClient`` on limiters that share one Redis store, to ``QuotaUpstream``: a
+fixed-window quota per token, judged by arrival, stated in ``X-RateLimit-*`` headers on
+every answer. The limiters are configured for more than the upstream allows, so only
+what the headers say can keep the fleet from 429s:
+
+* a. the plan is smaller than configured: the limiter allows twice the upstream's limit;
+* b. the token is shared with an outside client (a thread here, no limiter) that tries
+  a third of every window's quota, evenly spaced; the limiter is configured for exactly
+  the upstream's limit.
+
+Held in both: no 429 reaches the fleet once it has had its first answer (before any
+answer it knows nothing of the upstream). Counted: the fleet's requests answered 429
+that *arrived* at the upstream after the earliest moment any worker had read a
+response. And the quota is used: the requests admitted (fleet and outside client
+together) in the full windows of the run are at least 90 % of the upstream's limit
+times their number.
+
+Real time, real processes, real sockets.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.quota_upstream import QuotaUpstream
+from tests.workers import start_together
+from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
+
+WORKERS = 8
+TOKEN = "shared-token"
+# The upstream's quota: LIMIT requests per fixed window of WINDOW seconds. Each window
+# the fleet stops short of it by about the requests in flight plus its rate x margin: a
+# learned limit counts slots from the answered request's slot less the margin (see
+# Limiter._learn_flow), so requests that reached the upstream within the margin before
+# that request are counted twice. Here: 8 in flight plus ~1000 requests/s x 25 ms, about
+# 30 a window whatever the limit: 4 % of 750, but 10 % of 300 (measured: 89.8 % at 300
+# per 1 s). 750 per 1.5 s leaves the fleet (about 1000 requests/s on 2 CPUs) half a
+# window of slack, so a machine twice as slow still fills each window.
+LIMIT = 750
+WINDOW = 1.5  # seconds
+DURATION = 6.5  # seconds of demand: three full windows at least, between two partial ones
+OUTSIDE_SHARE = 3  # scenario b: the outside client tries a third of each window
+MIN_UTILISATION = 0.90
+
+# Workers come from a fork server that has imported httpx, redis and this library once
+# (a clean single-threaded process: the parent runs the upstream's threads).
+SPAWN = multiprocessing.get_context("forkserver")
+SPAWN.set_forkserver_preload([__name__])
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one worker saw."""
+
+    name: str
+    statuses: dict[int, int]
+    first_answer: float | None  # time.time() when its first response was read
+    deadline: float  # time.time() after which it sent no more requests
+    learned: str  # repr of limiter.usage(TOKEN).learned at the end
+    upstream: str  # repr of limiter.usage(TOKEN).upstream at the end
+    error: str | None
+
+
+def _fleet_worker(
+    url: str,
+    kind: str,
+    upstream_url: str,
+    name: str,
+    configured: Rate,
+    start: Any,
+    results: Any,
+) -> None:
+    """One process: GETs in a loop, as fast as the limiter allows, until the deadline."""
+    backend = RedisBackend(url, cluster=kind == "cluster")
+    limiter = Limiter(backend, rates=[configured], namespace="learned")
+    # No retries: a 429 must show in the statuses, not be hidden by a second attempt.
+    client = ThrottledClient(
+        limiter, base_url=upstream_url, retry=RetryPolicy(max_attempts=1), timeout=30
+    )
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Client": name}
+    statuses: Counter[int] = Counter()
+    first_answer = None
+    error = None
+    learned = upstream = ""
+    start.wait(60)
+    deadline = time.time() + DURATION
+    try:
+        while time.time() < deadline:
+            response = client.get("/work", headers=headers)
+            if first_answer is None:
+                first_answer = time.time()
+            statuses[response.status_code] += 1
+        usage = limiter.usage(TOKEN)
+        learned, upstream = repr(usage.learned), repr(usage.upstream)
+    except Exception as exc:  # reported to the parent, which fails the test
+        error = repr(exc)
+    client.close()
+    backend.close()
+    results.put(Report(name, dict(statuses), first_answer, deadline, learned, upstream, error))
+
+
+class OutsideClient:
+    """A client of the same token that knows nothing of the limiter: ``per_window``
+    requests per window, evenly spaced, whatever the upstream answers."""
+
+    def __init__(self, upstream: QuotaUpstream, per_window: int) -> None:
+        self.upstream = upstream
+        self.gap = upstream.window / per_window
+        self.statuses: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> OutsideClient:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Client": "outside"}
+        with httpx.Client(base_url=self.upstream.url, timeout=30) as client:
+            due = time.monotonic()
+            while not self._stop.is_set():
+                self.statuses[client.get("/work", headers=headers).status_code] += 1
+                # Its own pace, never a burst to catch up after a slow moment (one the
+                # fleet could not know of before its next answer).
+                due = max(due + self.gap, time.monotonic())
+                self._stop.wait(due - time.monotonic())
+
+
+def run_fleet(url: str, kind: str, upstream: QuotaUpstream, configured: Rate) -> list[Report]:
+    start = SPAWN.Barrier(WORKERS + 1)
+    results = SPAWN.Queue()
+    workers = [
+        SPAWN.Process(
+            target=_fleet_worker,
+            args=(url, kind, upstream.url, f"fleet-{i}", configured, start, results),
+        )
+        for i in range(WORKERS)
+    ]
+    reports = start_together(workers, start, results)
+    errors = [report.error for report in reports if report.error]
+    assert not errors, errors
+    return reports
+
+
+def judge(scenario: str, upstream: QuotaUpstream, reports: list[Report]) -> tuple[int, float]:
+    """Print the run's figures; answer (429s to the fleet after its first answer, the
+    utilisation of the full windows)."""
+    arrivals = upstream.arrivals(TOKEN)
+    fleet = [a for a in arrivals if a.client.startswith("fleet-")]
+    outside = [a for a in arrivals if a.client == "outside"]
+    # The fleet's first answer: the earliest time any worker had read a response. A 429
+    # counts against the limiter when its request *arrived* at the upstream after that.
+    first_answer = min(r.first_answer for r in reports if r.first_answer is not None)
+    late_429s = [a for a in fleet if a.status == 429 and a.at > first_answer]
+    early_429s = [a for a in fleet if a.status == 429 and a.at <= first_answer]
+    # Full windows: those wholly inside the run, from the fleet's first arrival to the
+    # earliest worker's deadline (the fleet demanded more than the quota all along).
+    first_window = upstream.window_of(fleet[0].at) + 1
+    last_window = upstream.window_of(min(r.deadline for r in reports)) - 1
+    windows = range(first_window, last_window + 1)
+    admitted = upstream.admitted_per_window(TOKEN)
+    by_outside = Counter(upstream.window_of(a.at) for a in outside if a.status == 200)
+    utilisation = sum(admitted[w] for w in windows) / (len(windows) * upstream.limit)
+
+    print(
+        f"\n[{scenario}] {len(fleet)} fleet requests: "
+        f"{sum(a.status == 200 for a in fleet)} admitted, "
+        f"{len(late_429s)} refused after the fleet's first answer, "
+        f"{len(early_429s)} before it; outside client: "
+        f"{sum(a.status == 200 for a in outside)} admitted, "
+        f"{sum(a.status == 429 for a in outside)} refused"
+    )
+    for w in windows:
+        print(
+            f"[{scenario}]   window {w - first_window + 1}: {admitted[w]}/{upstream.limit} "
+            f"admitted ({by_outside[w]} of them the outside client's)"
+        )
+    print(f"[{scenario}] utilisation over {len(windows)} full windows: {utilisation:.1%}")
+    print(f"[{scenario}] a worker's view at the end: learned={reports[0].learned}")
+    print(f"[{scenario}]   upstream={reports[0].upstream}")
+    assert len(windows) >= 3, f"only {len(windows)} full windows"
+    return len(late_429s), utilisation
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_a_plan_smaller_than_configured_is_learned_by_the_fleet(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "cluster_url")
+    with QuotaUpstream(limit=LIMIT, window=WINDOW) as upstream:
+        reports = run_fleet(url, kind, upstream, Rate(2 * LIMIT, WINDOW))
+        late_429s, utilisation = judge(f"a/{kind}", upstream, reports)
+    assert late_429s == 0
+    assert utilisation >= MIN_UTILISATION
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_b_a_token_shared_with_an_outside_client_is_learned_by_the_fleet(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "cluster_url")
+    with QuotaUpstream(limit=LIMIT, window=WINDOW) as upstream:
+        with OutsideClient(upstream, LIMIT // OUTSIDE_SHARE) as outside:
+            reports = run_fleet(url, kind, upstream, Rate(LIMIT, WINDOW))
+        late_429s, utilisation = judge(f"b/{kind}", upstream, reports)
+    print(f"[b/{kind}] outside client's statuses: {dict(outside.statuses)}")
+    assert late_429s == 0
+    assert utilisation >= MIN_UTILISATION
