@@ -178,16 +178,15 @@ class Model:
         newest report (the latest ``since``) replaces one still in force."""
         log = self._log(key)
         old = log.learned
-        # A report counting from before what every window (and a learned limit in force)
-        # still looks at is ignored: the store may have dropped entries it would count.
+        # A report counting from before what every window still looks at is ignored
+        # (Limiter.learn given a Decision of acquire(), which marks nothing: the store
+        # may have dropped entries it would count).
         keep = min(
             period.bounds(now)[0] - period.margin
             if isinstance(period, Calendar)
             else now - period + 1
             for _, period in self.rates
         )
-        if old is not None and old[1] > now:
-            keep = min(keep, old[0])
         if since < keep:
             return
         if until > now and (old is None or old[1] <= now or since >= old[0]):

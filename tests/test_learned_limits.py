@@ -270,6 +270,41 @@ def test_an_answer_later_than_the_longest_window_is_not_learned_from(
     backend.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+def test_through_the_transports_a_slow_answer_is_learned_from_all_the_same(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The transports' admissions mark where a learned limit would count from (the
+    running total before the slot, less the margin), so an answer 2 s late counts every
+    call after it, though a 1 s window let the store trim them."""
+    from throttle_client import SQLiteBackend
+
+    if kind == "memory":
+        backend: Any = MemoryBackend()
+    elif kind == "sqlite":
+        backend = SQLiteBackend(request.getfixturevalue("tmp_path") / "slow.db")
+    else:
+        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    clock = FakeClock(NOW)
+    limiter = Limiter(backend, rates=["10/second"], clock=clock, sleep=clock.sleep, margin=0)
+    answers = iter([{"X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "60"}])
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        for _ in range(5):  # others send meanwhile
+            limiter.acquire("t")
+            clock.advance(0.4)
+        return httpx.Response(200, headers=next(answers, {}))
+
+    with ThrottledClient(limiter, transport=httpx.MockTransport(slow)) as client:
+        client.get("https://api.example.com/x", headers={"Authorization": "Bearer t"})
+    learned = limiter.usage("t").learned
+    # The answered call and the 5 sent while it was on its way: 6 of the 3 + 1 it allows.
+    assert learned is not None and (learned.limit, learned.used) == (4, 6)
+    refused = limiter.try_acquire("t")
+    assert not refused.allowed and refused.retry_after == pytest.approx(60)  # its reset
+    backend.close()
+
+
 def test_the_newest_report_wins_and_an_older_one_is_ignored() -> None:
     store = MemoryBackend()
     quota = Quota(((100, 60_000_000),), 0)
@@ -418,4 +453,21 @@ def test_a_meta_written_by_an_older_version_reads_as_no_learned_limit(redis_url:
     usage = limiter.usage("t")
     assert usage.learned is None and usage.rates[0].used == 1
     assert limiter.acquire("t").remaining == (8,)
+    client.close()
+
+
+def test_a_lost_log_on_redis_does_not_cut_a_learned_limit_short(redis_url: str) -> None:
+    """The script rebuilds a lost log and renews the key's TTLs: never shorter than a
+    learned limit in force (it lives in the meta)."""
+    limiter = Limiter(RedisBackend(redis_url), rates=["10/second"], margin=0)
+    decision = limiter.acquire("t")
+    limiter.learn("t", decision, {"X-RateLimit-Remaining": "1", "X-RateLimit-Reset": "120"})
+    log, meta = redis_keys(limiter.store_key("t"))
+    client = redis.Redis.from_url(redis_url)
+    client.delete(log)  # as an eviction would
+    limiter.try_acquire("t")  # repairs the log, and renews the TTLs
+    assert client.pttl(meta) > 100_000
+    learned = limiter.usage("t").learned
+    assert learned is not None and learned.used == 2 and learned.limit == 2
+    assert not limiter.try_acquire("t").allowed
     client.close()

@@ -342,13 +342,22 @@ class _LimiterCore:
         now: float,
         also: Also = (),
         lease_id: str = "",
+        mark: bool = False,
     ) -> Acquire | AcquireAll:
+        """``mark``: the answer marks where a limit learned from the response would count
+        from (a call of the transports, which read the response's headers)."""
+        mark_us = self._margin_us if mark else -1
         if lease_id:  # a capped call: the store keeps its lease with its slot
             charges = self._charges(key, cost, also, now)
             if len(charges) > 1:
                 self._together([charge.key for charge in charges])
             return AcquireAll(
-                charges, max_wait_us, _call_id(), now_us=self._at(now), lease_id=lease_id
+                charges,
+                max_wait_us,
+                _call_id(),
+                now_us=self._at(now),
+                lease_id=lease_id,
+                mark_us=mark_us,
             )
         if not also:
             return Acquire(
@@ -359,9 +368,10 @@ class _LimiterCore:
                 # A fresh id per call: equal slots never collapse, a retry never books twice.
                 call_id=_call_id(),
                 now_us=self._at(now),
+                mark_us=mark_us,
             )
         charges = self._charges(key, cost, also, now)
-        op = AcquireAll(charges, max_wait_us, _call_id(), now_us=self._at(now))
+        op = AcquireAll(charges, max_wait_us, _call_id(), now_us=self._at(now), mark_us=mark_us)
         self._together([charge.key for charge in charges])
         return op
 
@@ -404,6 +414,8 @@ class _LimiterCore:
             if verdict.pause_until_us > verdict.now_us
             else None,
             late_wakeups=late_wakeups,
+            _slot_us=verdict.slot_us,
+            _mark=verdict.mark,
         )
 
     def _acquire_flow(
@@ -437,7 +449,8 @@ class _LimiterCore:
         ``lease_id``: a capped call (a lease). A key that is full queues it in the store;
         it waits for its grant (the doorbell) and asks again, as long as its wait allows.
         """
-        op = self._acquire_op(key, cost, max_wait_us, started, also, lease_id)
+        # The transports (recheck_pause) read the response's quota headers: mark for them.
+        op = self._acquire_op(key, cost, max_wait_us, started, also, lease_id, recheck_pause)
         rates = self._rates_with(also) if also else None
         # Each limiter widened its windows by its own margin: a stacked call must arrive
         # within the narrowest of them.
@@ -465,6 +478,10 @@ class _LimiterCore:
                         now = yield Sleep(wait)
                     left = max(0, max_wait_us - round((now - started) * US))
                     op = dataclasses.replace(op, max_wait_us=left, now_us=self._at(now))
+                    # (A long wait may outlast the calendar windows the call was given.)
+                    rewindowed = self._rewindowed(op, also, now, self._store_time_us(now), ())
+                    assert isinstance(rewindowed, AcquireAll)
+                    op = rewindowed
                     sent = now
                     continue
                 verdict = dataclasses.replace(verdict, waiting=False)
@@ -690,14 +707,14 @@ class _LimiterCore:
         """At most how many units this limiter's rates and gap can let through in any
         ``span`` seconds, whatever its logs hold: a sliding rate N per W, N for each W
         the span reaches into; a calendar rate, N for each window it touches; the gap,
-        one call per gap. (What the rates have left now says nothing of the span: units
-        leave a sliding window all through it.)"""
+        one call (of the largest cost) per gap. (What the rates have left now says nothing
+        of the span: units leave a sliding window all through it.)"""
         bounds: list[float] = [
             rate.limit * (math.ceil(span / rate.period) + (1 if rate.calendar else 0))
             for rate in self.rates
         ]
         if self.min_interval:
-            bounds.append(math.floor(span / self.min_interval) + 1)
+            bounds.append((math.floor(span / self.min_interval) + 1) * self._max_cost)
         return min(bounds)
 
     def _usage_flow(self, key: str, now: float) -> Flow[Usage]:
@@ -723,10 +740,15 @@ class _LimiterCore:
         if view is None or not decision.remaining:
             return view, now
         span = min(view.resets_in, max_pause)
-        allows = self._allows(span)
-        stricter = view.remaining < allows
-        store_key = self.store_key(key)
         until = self._store_time_us(now) + round(span * US)
+        slot = decision._slot_us if decision._slot_us >= 0 else round(decision.slot * US)
+        since = slot - self._margin_us
+        # It counts from the answered call's slot (less the margin), so the calls admitted
+        # while its answer was on its way count too: stricter is fewer, itself included,
+        # than the rates could let through over that whole span.
+        allows = self._allows(max(0, until - since) / US)
+        stricter = view.remaining + decision.cost < allows
+        store_key = self.store_key(key)
         self._upstream[store_key] = UpstreamView(
             view.remaining, _seconds(until), view.limit, stricter
         )
@@ -755,10 +777,11 @@ class _LimiterCore:
         op = Learn(
             key=store_key,
             quota=self._quota_at(now),
-            since_us=round(decision.slot * US) - self._margin_us,
+            since_us=since,
             until_us=until,
             limit=view.remaining + decision.cost,
             now_us=self._at(now),
+            from_cum=decision._mark,
         )
         log.debug(
             "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "

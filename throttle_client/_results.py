@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._rate import Rate
 
@@ -36,6 +36,10 @@ class Decision:
     rates: tuple[Rate, ...]
     paused_until: float | None
     late_wakeups: int = 0
+    # For Limiter.learn (not part of the answer): the slot in whole µs, and the running
+    # total a limit learned from this call's response counts from (-1: not marked).
+    _slot_us: int = field(default=-1, repr=False, compare=False)
+    _mark: int = field(default=-1, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return self.allowed

@@ -126,6 +126,9 @@ class Verdict:
     # The calendar windows the limiter gave do not reach ``slot_us``, a time the decision
     # needs (the store's now, or a slot): nothing was written; ask again with windows there.
     stale: bool = False
+    # An admitted call that asked for it (Acquire.mark_us): the running total of the
+    # (first) key's entries before its slot less mark_us; -1: not asked.
+    mark: int = -1
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,9 @@ class Acquire(Op[Verdict]):
     call_id: str
     now_us: int | None = None
     lead_us: int = 0
+    # >= 0: the answer marks where a limit learned from this call's response would count
+    # from (Verdict.mark): the running total through its slot less this (the margin).
+    mark_us: int = -1
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,7 @@ class AcquireAll(Op[Verdict]):
     # The lease a capped call holds (or waits for) on its capped keys: the first call
     # id of the call, kept when it books again (a late wake-up) so it never holds two.
     lease_id: str = ""
+    mark_us: int = -1  # as Acquire's, for the first key
 
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]
@@ -257,7 +264,12 @@ class Learn(Op[None]):
     """What the upstream's headers said of a key, when stricter than its quota (issue 11
     §2): at most ``limit`` units in the slots from ``since_us`` up to ``until_us``, the
     upstream's reset. Every decision of the key holds to it until then, on top of its
-    rates. The newest report (the latest ``since_us``) replaces an older one."""
+    rates. The newest report (the latest ``since_us``) replaces an older one.
+
+    ``from_cum``: the key's running total through ``since_us - 1`` as the answered call's
+    admission marked it (Verdict.mark): it counts from there whatever has been trimmed
+    since. -1: unknown; the store reads it from the log, and ignores the report if the
+    log may have lost entries from ``since_us`` on."""
 
     key: str
     quota: Quota
@@ -265,6 +277,7 @@ class Learn(Op[None]):
     until_us: int
     limit: int
     now_us: int | None = None
+    from_cum: int = -1
 
 
 @dataclass(frozen=True)

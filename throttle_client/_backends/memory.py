@@ -45,7 +45,7 @@ class _MemoryLog:
         self.total = 0
         self.base = 0
         self.pause_until = 0
-        self.learned: tuple[int, int, int] | None = None
+        self.learned: tuple[int, int, int, int] | None = None
         self.expires_at = 0
 
     def slot_of(self, call_id: str) -> int | None:
@@ -81,7 +81,7 @@ class _MemoryLog:
     def set_pause(self, until: int) -> None:
         self.pause_until = until
 
-    def set_learned(self, learned: tuple[int, int, int]) -> None:
+    def set_learned(self, learned: tuple[int, int, int, int]) -> None:
         self.learned = learned
 
     def delete(self) -> None:

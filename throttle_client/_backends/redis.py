@@ -134,13 +134,17 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
             per_key += (quota_arg(c.quota), b"%d" % c.cost)
             per_key += _cap_args(c.quota) if leased else ()
         wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
+        marks = b"-" if op.mark_us < 0 else b"%d" % op.mark_us
         if leased:
-            return keys, (b"lease", b"-", now, wait, op.call_id, lead, op.lease_id, *per_key)
-        return keys, (b"acquire_all", b"-", now, wait, op.call_id, lead, *per_key)
+            return keys, (b"lease", marks, now, wait, op.call_id, lead, op.lease_id, *per_key)
+        return keys, (b"acquire_all", marks, now, wait, op.call_id, lead, *per_key)
     assert isinstance(op, (Acquire, Inspect, Pause, Learn))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
+        if op.mark_us >= 0:
+            lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
+            return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
         if op.lead_us:
             lead = b"%d" % op.lead_us
             return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead)
@@ -148,14 +152,8 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     if isinstance(op, Pause):
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
     if isinstance(op, Learn):
-        return keys, (
-            b"learn",
-            quota,
-            now,
-            b"%d" % op.since_us,
-            b"%d" % op.until_us,
-            b"%d" % op.limit,
-        )
+        learned = (op.since_us, op.until_us, op.limit, op.from_cum)
+        return keys, (b"learn", quota, now, *(b"%d" % n for n in learned))
     if op.quota.max_concurrent:  # it counts the calls in flight and waiting too
         keys += lease_keys(op.key)
     return keys, (b"inspect", quota, now)
@@ -199,8 +197,11 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head,
         # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
+        mark = remaining.pop() if allowed == 1 and op.mark_us >= 0 else -1
         waiting, head, full = allowed in (2, 3), allowed == 3, allowed >= 2
-        verdict = Verdict(allowed == 1, now, slot, pause, tuple(remaining), waiting, head, full)
+        verdict = Verdict(
+            allowed == 1, now, slot, pause, tuple(remaining), waiting, head, full, mark=mark
+        )
         return cast(T, verdict)
     if isinstance(op, Renew):
         return cast(T, bool(values[0]))

@@ -49,8 +49,8 @@ class LogView(Protocol):
     total: int  # running total of all admitted costs
     base: int  # running total at the newest trimmed entry
     pause_until: int
-    # What the upstream said (base.Learn): (since, until, limit), or None.
-    learned: tuple[int, int, int] | None
+    # What the upstream said (base.Learn): (since, until, limit, from_cum), or None.
+    learned: tuple[int, int, int, int] | None
 
     def slot_of(self, call_id: str) -> int | None:
         """The slot booked by ``call_id``, if it is in the log."""
@@ -72,7 +72,7 @@ class LogView(Protocol):
 
     def set_pause(self, until: int) -> None: ...
 
-    def set_learned(self, learned: tuple[int, int, int]) -> None: ...
+    def set_learned(self, learned: tuple[int, int, int, int]) -> None: ...
 
     def delete(self) -> None: ...
 
@@ -150,26 +150,25 @@ def calendar_slot(log: LogView, quota: Quota, slot: int, cost: int, *, learned: 
                         slot, moved = period.spans[i][1], True
                         break
         if learned and log.learned is not None:
-            since, until, limit = log.learned
+            since, until, limit, _ = log.learned
             if since <= slot < until and learned_units(log) + cost > limit:
                 slot, moved = until, True
     return slot
 
 
 def learned_units(log: LogView) -> int:
-    """Units a learned limit counts: slots from its ``since`` up to its ``until``."""
+    """Units a learned limit counts: slots from its ``since`` up to its ``until``. Slots
+    never go backwards, so every entry after the running total it starts from
+    (``from_cum``, marked when the answered call was admitted) lies from ``since`` on:
+    that count holds whatever has been trimmed since."""
     assert log.learned is not None
-    since, until, _ = log.learned
-    return log.cum_through(until - 1) - log.cum_through(since - 1)
+    _, until, _, from_cum = log.learned
+    return log.cum_through(until - 1) - from_cum
 
 
-def keep_from(log: LogView, quota: Quota, now: int) -> int:
-    """The oldest slot any decision from ``now`` on can count (a learned limit in force
-    counts from its ``since``): entries before it may be trimmed."""
-    oldest = quota.keep_from(now)
-    if log.learned is not None and log.learned[1] > now:
-        oldest = min(oldest, log.learned[0])
-    return oldest
+def mark(log: LogView, op: Acquire | AcquireAll, slot: int) -> int:
+    """Verdict.mark for an admitted call at ``slot``, if it asked for it."""
+    return log.cum_through(slot - op.mark_us - 1) if op.mark_us >= 0 else -1
 
 
 def check_now(quota: Quota, now: int) -> None:
@@ -212,7 +211,8 @@ def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
-        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
+        remaining = remaining_at(log, op.quota, booked)
+        return Verdict(True, now, booked, log.pause_until, remaining, mark=mark(log, op, booked))
     try:
         slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
     except Stale as stale:  # nothing written: the limiter asks again with windows there
@@ -220,10 +220,11 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
         return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.quota, now))
+    marked = mark(log, op, slot)  # before this call's own entry
     log.append(slot, op.cost, op.call_id)
-    log.trim(keep_from(log, op.quota, now) - 1)
+    log.trim(op.quota.keep_from(now) - 1)  # (a learned limit needs none of them)
     log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
-    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot))
+    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot), mark=marked)
 
 
 def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
@@ -232,7 +233,8 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     pause_until = max(log.pause_until for log in logs)
     booked = logs[0].slot_of(op.call_id)
     if booked is not None:  # the same call again: it holds its slot in every log
-        return Verdict(True, now, booked, pause_until, remaining_all(logs, charges, booked))
+        remaining = remaining_all(logs, charges, booked)
+        return Verdict(True, now, booked, pause_until, remaining, mark=mark(logs[0], op, booked))
     # Past a log's newest slot a window only loses entries as time goes on: the latest
     # of the keys' earliest slots is the earliest that suits them all, once it also fits
     # every key's calendar windows (which may move it on: so round again until it stays).
@@ -247,11 +249,13 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
         return Verdict(False, now, stale.at, pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         return Verdict(False, now, slot, pause_until, remaining_all(logs, charges, now))
+    marked = mark(logs[0], op, slot)  # before this call's own entry
     for log, charge in pairs:
         log.append(slot, charge.cost, op.call_id)
-        log.trim(keep_from(log, charge.quota, now) - 1)
+        log.trim(charge.quota.keep_from(now) - 1)
         log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
-    return Verdict(True, now, slot, pause_until, remaining_all(logs, charges, slot))
+    remaining = remaining_all(logs, charges, slot)
+    return Verdict(True, now, slot, pause_until, remaining, mark=marked)
 
 
 def remaining_all(
@@ -305,17 +309,23 @@ def pause(log: LogView, op: Pause, now: int) -> int:
 
 
 def learn(log: LogView, op: Learn, now: int) -> None:
-    """Hold the key to what the upstream said, unless a newer report holds already. A
-    report that counts from before the oldest slot the log surely still holds (an answer
-    that came back more than the longest window after its call) is ignored: entries it
-    would count may be trimmed, and counting too few would let too many through."""
+    """Hold the key to what the upstream said, unless a newer report holds already."""
     old = log.learned
-    if op.since_us < keep_from(log, op.quota, now):
+    if op.until_us <= now or (old is not None and old[1] > now and op.since_us < old[0]):
         return
-    if op.until_us > now and (old is None or old[1] <= now or op.since_us >= old[0]):
-        log.set_learned((op.since_us, op.until_us, op.limit))
-        # The entries it counts must last until its end.
-        log.expire_at(max(op.until_us, max(log.last or 0, log.pause_until) + op.quota.horizon_us))
+    from_cum = op.from_cum
+    if from_cum < 0:  # not marked: read from the log, if it still holds every entry needed
+        if op.since_us < op.quota.keep_from(now):
+            # (An answer that came back more than the longest window after its call: the
+            # entries it would count from may be trimmed, and counting too few would let
+            # too many through.)
+            return
+        from_cum = log.cum_through(op.since_us - 1)
+    elif from_cum > log.total:  # the key was forgotten since (reset, expired): count all
+        from_cum = 0
+    log.set_learned((op.since_us, op.until_us, op.limit, from_cum))
+    # The entries it counts must last until its end.
+    log.expire_at(max(op.until_us, max(log.last or 0, log.pause_until) + op.quota.horizon_us))
 
 
 def execute(log: LogView, op: Op[T], now: int) -> T:

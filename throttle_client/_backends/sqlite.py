@@ -93,7 +93,8 @@ CREATE TABLE IF NOT EXISTS tc_learned (
     key TEXT PRIMARY KEY,
     since INTEGER NOT NULL,
     until INTEGER NOT NULL,
-    lim INTEGER NOT NULL
+    lim INTEGER NOT NULL,
+    from_cum INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -103,7 +104,7 @@ CREATE TABLE IF NOT EXISTS tc_learned (
 # (A learned limit, sliding_log.learn, lives in a table of its own, read with the meta.)
 _META = (
     "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, "
-    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim "
+    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim, l.from_cum "
     "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
@@ -183,7 +184,7 @@ class _SQLiteLog:
         self.total = 0
         self.base = 0
         self.pause_until = 0
-        self.learned: tuple[int, int, int] | None = None
+        self.learned: tuple[int, int, int, int] | None = None
         self.learned_dirty = False
         self.expires_at = 0
         self.dirty = False  # meta must be written back
@@ -200,8 +201,8 @@ class _SQLiteLog:
             self.lost, self.unreadable = "meta", True
         elif not 0 < row[4] <= now:
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
-            if all(type(n) is int for n in row[6:9]):
-                self.learned = row[6:9]
+            if all(type(n) is int for n in row[6:10]):
+                self.learned = row[6:10]
             if self.total > self.base and not row[5]:
                 self.lost = "log"
         elif writable:  # nothing in it matters any more: start afresh
@@ -274,7 +275,7 @@ class _SQLiteLog:
         self.pause_until = until
         self.dirty = True
 
-    def set_learned(self, learned: tuple[int, int, int]) -> None:
+    def set_learned(self, learned: tuple[int, int, int, int]) -> None:
         self.learned = learned
         self.learned_dirty = self.dirty = True
 
@@ -301,7 +302,8 @@ class _SQLiteLog:
             )
         if self.learned_dirty and self.learned is not None:
             self.db.execute(
-                "INSERT OR REPLACE INTO tc_learned (key, since, until, lim) VALUES (?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO tc_learned (key, since, until, lim, from_cum) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (self.key, *self.learned),
             )
 

@@ -9,8 +9,9 @@
 --         the running total reaches y" with one lookup each, and one ZADD NX books
 --         a call and refuses a second booking of the same call id.
 -- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp, since,
---            until, limit) (µs and costs; -1 for no entry; the last three: a limit learned
---            from the upstream, until 0 for none, absent in metas of older versions).
+--            until, limit, from) (µs and costs; -1 for no entry; the last four: a limit
+--            learned from the upstream, counted from running total `from`; until 0 for
+--            none, absent in metas of older versions).
 --            L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
@@ -20,15 +21,17 @@
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
---         now + lead; optional, 0);  pause: duration µs;  learn: since, until, limit
+--         now + lead; optional, 0), mark (optional, -1: see Acquire.mark_us);  pause:
+--         duration µs;  learn: since, until, limit, from (-1: read from the log)
 -- acquire_all (one call charged to several keys, all or nothing): KEYS are L, M pairs,
---         one per key, all in one hash slot; ARGV[2] "-", ARGV[3] now, then max wait,
+--         one per key, all in one hash slot; ARGV[2] "-" or the mark (Acquire.mark_us,
+--         for the first key), ARGV[3] now, then max wait,
 --         call id, lead, and per key its quota and its cost. One slot for every key, the
 --         latest of their earliest slots, booked in every L under one call id, or nowhere.
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
---   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING...  (acquire_all: each key's
---   rates in turn, PAUSE the latest)   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
+--   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK]  (acquire_all: each
+--   key's rates in turn, PAUSE the latest; MARK: an admitted call that asked for it)   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
 --   pause: PAUSE NOW   reset, learn: 1   (inspect: IN_FLIGHT WAITING, 0 0 uncapped, and a
 --   learned limit's LIMIT UNITS UNTIL, -1 -1 -1 for none, follow BOOKED;
 --   a capped key's inspect gives its H, Q, A after L and M)
@@ -141,7 +144,8 @@ local function entry(cum) -- the "s" member of the entry whose running total is 
 end
 
 local function pack_meta(k)
-  return cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"], k.learned)
+  return cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
+    k.learned, k.from)
 end
 
 -- Write a key's M. When what still matters (`needed`) reaches past `expires`, L and M
@@ -149,6 +153,7 @@ end
 -- parts always expire together: a TTL computed from one worker's clock and written to
 -- M alone could outlive L's (two injected clocks 10 s apart left M 10 s longer than L).
 local function save(k, needed, renew)
+  if k["until"] > needed then needed = k["until"] end -- a learned limit in force is kept
   if not renew and needed <= k.expires then
     redis.call('SET', k.meta, pack_meta(k), 'KEEPTTL')
     return
@@ -168,16 +173,16 @@ end
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
-             since = 0, ["until"] = 0, learned = 0}
+             since = 0, ["until"] = 0, learned = 0, from = 0}
   local fixed
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i, j = pcall(cmsgpack.unpack, state)
     if ok and tag == 'tc1' and type(a) == 'number' and type(b) == 'number' and type(c) == 'number'
         and type(d) == 'number' and type(e) == 'number' and type(f) == 'number' then
       k.last, k.total, k.base, k.pause, k.first, k.expires = a, b, c, d, e, f
-      if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' then
-        k.since, k["until"], k.learned = g, h, i
+      if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' and type(j) == 'number' then
+        k.since, k["until"], k.learned, k.from = g, h, i, j
       end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
@@ -247,8 +252,8 @@ local function counted(k, w, i)
   return cum_through(k, w.ends[i] - 1) - cum_through(k, w.starts[i] - w.margin - 1)
 end
 
-local function learned_units(k) -- units a learned limit counts: slots in [since, until)
-  return cum_through(k, k["until"] - 1) - cum_through(k, k.since - 1)
+local function learned_units(k) -- units a learned limit counts: slots in [since, until),
+  return cum_through(k, k["until"] - 1) - k.from -- the entries after running total `from`
 end
 
 local function calendar_slot(k, slot, cost, only)
@@ -340,7 +345,6 @@ local function book(k, slot, cost, id)
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
   if fresh then k.first = slot end
   local cutoff = k.q.cutoff
-  if k["until"] > now and k.since - 1 < cutoff then cutoff = k.since - 1 end -- learned: kept
   if k.first <= cutoff - k.q.slack then -- trim a batch: entries no window can reach any more
     k.base = cum_through(k, cutoff)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
@@ -443,6 +447,8 @@ if op == 'acquire_all' or op == 'lease' then
   -- 'lease' is a capped call: ARGV[7] is its lease id: per key, ARGV gives quota, cost, cap
   -- (0: none) and lease TTL, and KEYS give a capped key's H, Q, A after its L and M.
   local max_wait, id, lead = whole(ARGV[4], -1), ARGV[5], whole(ARGV[6], 0)
+  local mark_us = ARGV[2] == '-' and -1 or whole(ARGV[2], 0) -- Acquire.mark_us, first key
+  if not mark_us then return fail('bad mark') end
   if not max_wait then return fail('bad max wait') end
   if not id or id == '' then return fail('missing call id') end
   if not lead then return fail('bad lead') end
@@ -485,8 +491,13 @@ if op == 'acquire_all' or op == 'lease' then
     for i = 1, n do remaining_at(keys[i], point, out) end
     return out
   end
+  local function admitted(at, marked) -- an admitted call's reply, marked if asked
+    local out = remaining_all(at, {1, now, at, pause})
+    if mark_us >= 0 then out[#out + 1] = marked or cum_through(keys[1], at - mark_us - 1) end
+    return reply(out)
+  end
   local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
-  if earlier then return reply(remaining_all(earlier, {1, now, earlier, pause})) end
+  if earlier then return admitted(earlier) end
   -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
   -- there is room and no one queued ahead of it.
   local full, capped = {}, {}
@@ -557,13 +568,14 @@ if op == 'acquire_all' or op == 'lease' then
     for _, lk in ipairs(capped) do touch(lk) end
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
   end
+  local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
   for i = 1, n do book(keys[i], slot, costs[i], id) end
   for _, lk in ipairs(capped) do -- held through the sleep to its slot too
     dequeue(lk, lease)
     hold(lk, lease, math.max(slot, now) + lk.ttl)
     touch(lk)
   end
-  return reply(remaining_all(slot, {1, now, slot, pause}))
+  return admitted(slot, marked)
 end
 
 local q, problem = read_quota(ARGV[2])
@@ -572,28 +584,39 @@ local k = open(KEYS[1], KEYS[2], q)
 
 if op == 'acquire' then
   local cost, max_wait, id = whole(ARGV[4], 1), whole(ARGV[5], -1), ARGV[6]
-  local lead = whole(ARGV[7] or 0, 0)
+  local lead, mark_us = whole(ARGV[7] or 0, 0), whole(ARGV[8] or -1, -1)
   if not cost then return fail('bad cost ' .. tostring(ARGV[4])) end
   if not max_wait then return fail('bad max wait') end
-  if not lead then return fail('bad lead') end
+  if not lead or not mark_us then return fail('bad lead') end
   if not id or id == '' then return fail('missing call id') end
   problem = check_cost(q, cost)
   if problem then return fail(problem) end
 
+  local function admitted(at) -- an admitted call's reply, marked if asked (Verdict.mark)
+    local out = remaining_at(k, at, {1, now, at, k.pause})
+    if mark_us >= 0 then out[#out + 1] = cum_through(k, at - mark_us - 1) end
+    return reply(out)
+  end
   local earliest, missing = earliest_slot(k, cost)
-  if not earliest then return stale(missing) end
+  if not earliest then
+    local earlier = booked(k, id)
+    if earlier then return admitted(earlier) end
+    return stale(missing)
+  end
   local slot = math.max(earliest, now + lead)
   if max_wait >= 0 and slot - now > max_wait then
     local earlier = booked(k, id)
-    if earlier then return reply(remaining_at(k, earlier, {1, now, earlier, k.pause})) end
+    if earlier then return admitted(earlier) end
     return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing written
   end
+  local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
   if not book(k, slot, cost, id) then
     -- The same call again (a driver retry): it keeps the slot it booked.
-    local earlier = booked(k, id)
-    return reply(remaining_at(k, earlier, {1, now, earlier, k.pause}))
+    return admitted(booked(k, id))
   end
-  return reply(remaining_at(k, slot, {1, now, slot, k.pause}))
+  local out = remaining_at(k, slot, {1, now, slot, k.pause})
+  if marked then out[#out + 1] = marked end
+  return reply(out)
 end
 
 if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)
@@ -629,13 +652,17 @@ end
 
 if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
   local since, till, limit = whole(ARGV[4], 0), whole(ARGV[5], 0), whole(ARGV[6], 0)
-  if not since or not till or not limit then return fail('bad learned limit') end
-  local keep = q.keep -- (an answer too late to count from: entries may be trimmed; ignored)
-  if k["until"] > now and k.since < keep then keep = k.since end
-  if since >= keep and till > now and (k["until"] <= now or since >= k.since) then
-    k.since, k["until"], k.learned = since, till, limit
-    save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
+  local from = whole(ARGV[7] or -1, -1)
+  if not since or not till or not limit or not from then return fail('bad learned limit') end
+  if till <= now or (k["until"] > now and since < k.since) then return '1' end
+  if from < 0 then -- not marked: from the log, if it still holds every entry needed
+    if since < q.keep then return '1' end -- (an answer too late: entries may be trimmed)
+    from = cum_through(k, since - 1)
+  elseif from > k.total then -- the key was forgotten since: count all
+    from = 0
   end
+  k.since, k["until"], k.learned, k.from = since, till, limit, from
+  save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
   return '1'
 end
 
