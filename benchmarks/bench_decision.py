@@ -15,6 +15,8 @@ CPU frequency, the log growing) hits every candidate alike:
                  round trips, timed together
   tc calendar    ``try_acquire`` on a sliding hourly rate and a calendar day in
                  America/Los_Angeles (issue 11): the windows travel with the quota
+  tc learn       ``Limiter.learn`` of quota headers stricter than the rates: the write a
+                 response costs when the upstream's view binds (issue 11)
   limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
   limits fixed   limits' ``FixedWindowRateLimiter.hit`` (windows aligned to the epoch, not
                  to a calendar in a zone: the nearest a peer comes to a calendar day)
@@ -53,6 +55,7 @@ CANDIDATES: list[tuple[str, bool]] = [
     ("tc stacked", True),
     ("tc capped", True),
     ("tc calendar", True),
+    ("tc learn", True),
     ("limits", True),
     ("limits fixed", True),
     ("pyrate", True),
@@ -101,6 +104,10 @@ def build(name: str, url: str) -> Callable[[], object]:
                 namespace="bench-calendar",
             )
             return lambda: daily.try_acquire("token-calendar").allowed
+        if name == "tc learn":
+            decision = limiter.acquire("token-learn")
+            stricter = {"X-RateLimit-Remaining": str(HIGH // 2), "X-RateLimit-Reset": "60"}
+            return lambda: limiter.learn("token-learn", decision, stricter) is not None
         if name == "tc stacked":
             account = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench-account")
             both = [(account, "account-stacked")]

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from tests.store_calls import store_calls
 from throttle_client import (
     BackendError,
     ConfigurationError,
@@ -212,20 +213,6 @@ def test_a_capped_limiter_with_a_calendar_rate(kind: str, request: pytest.Fixtur
 # -- the windows the limiter gives, and stale answers ------------------------------------------
 
 
-def counting_calls(limiter: Limiter) -> list[Any]:
-    """Every op the limiter's store executes, in order (the store's own method, wrapped)."""
-    store = limiter._backend()
-    seen: list[Any] = []
-    execute = store.execute
-
-    def spy(op: Any) -> Any:
-        seen.append(op)
-        return execute(op)
-
-    store.execute = spy  # type: ignore[method-assign]
-    return seen
-
-
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 def test_a_slot_beyond_the_windows_given_is_asked_again_once(
     kind: str, request: pytest.FixtureRequest
@@ -243,7 +230,7 @@ def test_a_slot_beyond_the_windows_given_is_asked_again_once(
         clock=clock,
         sleep=clock.sleep,
     )
-    calls = counting_calls(limiter)
+    calls = store_calls(limiter)
     for _ in range(3):
         limiter.acquire("k")
     assert len(calls) == 3  # the second minute's window was given: no second ask
@@ -269,7 +256,7 @@ def test_a_store_clock_outside_the_windows_given_is_asked_again(
         MemoryBackend(), rates=[Rate(1, "day", tz="UTC")], clock=clock, sleep=clock.sleep
     )
     monkeypatch.setattr(limiter, "_store_time_us", lambda now: round((now + 2 * HOUR) * 1e6))
-    calls = counting_calls(limiter)
+    calls = store_calls(limiter)
     first = limiter.acquire("k")
     assert first.slot == clock()
     assert len(calls) == 2  # the first ask was stale (windows of a later day)

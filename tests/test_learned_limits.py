@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
+from tests.store_calls import store_calls
 from throttle_client import (
-    Decision,
     Limiter,
     LocalFallback,
     MemoryBackend,
@@ -136,27 +136,10 @@ def test_a_plan_half_the_configured_one_is_held_to_on_every_store(make_limiter: 
     assert usage.upstream is not None and usage.upstream.stricter
 
 
-def counting(limiter: Limiter) -> list[Any]:
-    store = limiter._backend()
-    seen: list[Any] = []
-    execute = store.execute
-
-    def spy(op: Any) -> Any:
-        seen.append(op)
-        return execute(op)
-
-    store.execute = spy  # type: ignore[method-assign]
-    return seen
-
-
-def decision_of(limiter: Limiter, slot: float, remaining: int) -> Decision:
-    return Decision(True, 0.0, 0.0, slot, 1, (remaining,), limiter.rates, None)
-
-
 def test_a_looser_view_changes_nothing_and_is_told_once(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock(NOW)
     limiter = Limiter(MemoryBackend(), rates=["10/minute"], clock=clock, sleep=clock.sleep)
-    ops = counting(limiter)
+    ops = store_calls(limiter)
     looser = {
         "X-RateLimit-Remaining": "4000",
         "X-RateLimit-Reset": "3600",
