@@ -454,3 +454,42 @@ def test_a_lost_log_on_redis_does_not_cut_a_learned_limit_short(redis_url: str) 
     assert learned is not None and learned.used == 2 and learned.limit == 2
     assert not limiter.try_acquire("t").allowed
     client.close()
+
+
+def test_sqlite_forgets_a_learned_limit_with_a_lost_meta(tmp_path: Any) -> None:
+    """The running total a learned limit counts from belongs to the meta it came with: a
+    meta rebuilt from nothing starts again from 0, so the limit goes with the old one."""
+    import sqlite3
+
+    from throttle_client import SQLiteBackend
+
+    clock = FakeClock(NOW)
+    backend = SQLiteBackend(tmp_path / "lost.db")
+    limiter = Limiter(backend, rates=["100/second"], clock=clock, sleep=clock.sleep, margin=0)
+    for _ in range(50):
+        limiter.acquire("t")
+    limiter.learn(
+        "t", limiter.acquire("t"), {"X-RateLimit-Remaining": "4", "X-RateLimit-Reset": "300"}
+    )
+    db = sqlite3.connect(tmp_path / "lost.db")
+    db.execute("DELETE FROM tc_meta")
+    db.commit()
+    db.close()
+    clock.advance(10)  # the entries no longer matter: the key starts afresh
+    assert limiter.usage("t").learned is None
+    admitted = sum(limiter.try_acquire("t").allowed for _ in range(20))
+    assert admitted == 20  # the rates alone (100/s): no stale limit counting from 51
+    backend.close()
+
+
+def test_a_retried_call_carries_no_mark() -> None:
+    """A retry finds its call booked: the entries before it may have been trimmed since,
+    so it marks nothing, and a learned limit from its answer reads the log instead."""
+    from throttle_client._backends.base import Acquire
+
+    store = MemoryBackend()
+    quota = Quota(((10, 1_000_000),), 0)
+    now = 1_000_000_000_000
+    first = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
+    again = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
+    assert (first.mark, again.mark) == (0, -1) and again.slot_us == first.slot_us

@@ -184,8 +184,12 @@ class FailureGuard:
                 local = cast(Op[T], dataclasses.replace(op, charges=charges))
             elif isinstance(op, Learn):  # this process's share of what the upstream allows
                 n = self.on_unavailable.expected_workers
+                # (A mark is a running total of the store's log: none of this one's.)
                 local = cast(
-                    Op[T], dataclasses.replace(op, quota=share(op.quota), limit=op.limit // n)
+                    Op[T],
+                    dataclasses.replace(
+                        op, quota=share(op.quota), limit=op.limit // n, from_cum=-1
+                    ),
                 )
             else:
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))

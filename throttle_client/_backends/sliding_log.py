@@ -211,8 +211,8 @@ def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
-        remaining = remaining_at(log, op.quota, booked)
-        return Verdict(True, now, booked, log.pause_until, remaining, mark=mark(log, op, booked))
+        # (Not marked: entries before it may be trimmed since it was booked.)
+        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
     try:
         slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
     except Stale as stale:  # nothing written: the limiter asks again with windows there
@@ -232,9 +232,8 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     charges = op.charges
     pause_until = max(log.pause_until for log in logs)
     booked = logs[0].slot_of(op.call_id)
-    if booked is not None:  # the same call again: it holds its slot in every log
-        remaining = remaining_all(logs, charges, booked)
-        return Verdict(True, now, booked, pause_until, remaining, mark=mark(logs[0], op, booked))
+    if booked is not None:  # the same call again: it holds its slot in every log (unmarked)
+        return Verdict(True, now, booked, pause_until, remaining_all(logs, charges, booked))
     # Past a log's newest slot a window only loses entries as time goes on: the latest
     # of the keys' earliest slots is the earliest that suits them all, once it also fits
     # every key's calendar windows (which may move it on: so round again until it stays).

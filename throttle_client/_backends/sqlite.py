@@ -223,6 +223,10 @@ class _SQLiteLog:
             self.db.execute(_INSERT, (self.key, self.last, self.total, _REPAIRED_ID))
         else:
             self.db.execute(_FORGET_META, (self.key,))
+            # A learned limit goes with its meta (as on Redis, where it lives in the meta):
+            # the running total it counts from may not be the rebuilt one's.
+            self.db.execute(_FORGET_LEARNED, (self.key,))
+            self.learned = None
             newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
             if newest is None or not sliding_log.still_matters(newest[0], quota, now):
                 self.db.execute(_FORGET_ENTRIES, (self.key,))

@@ -491,9 +491,9 @@ if op == 'acquire_all' or op == 'lease' then
     for i = 1, n do remaining_at(keys[i], point, out) end
     return out
   end
-  local function admitted(at, marked) -- an admitted call's reply, marked if asked
-    local out = remaining_all(at, {1, now, at, pause})
-    if mark_us >= 0 then out[#out + 1] = marked or cum_through(keys[1], at - mark_us - 1) end
+  local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
+    local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
+    if mark_us >= 0 then out[#out + 1] = marked or -1 end -- it may be trimmed since)
     return reply(out)
   end
   local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
@@ -592,9 +592,9 @@ if op == 'acquire' then
   problem = check_cost(q, cost)
   if problem then return fail(problem) end
 
-  local function admitted(at) -- an admitted call's reply, marked if asked (Verdict.mark)
-    local out = remaining_at(k, at, {1, now, at, k.pause})
-    if mark_us >= 0 then out[#out + 1] = cum_through(k, at - mark_us - 1) end
+  local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
+    local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
+    if mark_us >= 0 then out[#out + 1] = -1 end -- trimmed since it was booked
     return reply(out)
   end
   local earliest, missing = earliest_slot(k, cost)
