@@ -493,3 +493,72 @@ def test_a_retried_call_carries_no_mark() -> None:
     first = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
     again = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
     assert (first.mark, again.mark) == (0, -1) and again.slot_us == first.slot_us
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+def test_a_key_forgotten_while_a_call_was_in_flight_counts_everything(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The key is reset and refilled past the answered call's mark before its answer comes
+    back: the mark belongs to the key's former life, so the learned limit counts all."""
+    from throttle_client import SQLiteBackend
+
+    if kind == "memory":
+        backend: Any = MemoryBackend()
+    elif kind == "sqlite":
+        backend = SQLiteBackend(request.getfixturevalue("tmp_path") / "born.db")
+    else:
+        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    clock = FakeClock(NOW)
+    limiter = Limiter(backend, rates=["100/second"], clock=clock, sleep=clock.sleep, margin=0)
+    refill = iter(range(1))
+
+    def api(request: httpx.Request) -> httpx.Response:
+        for _ in refill:  # while this call is on its way: the key is reset and refilled
+            clock.advance(0.01)
+            limiter.reset("t")
+            for _ in range(10):
+                limiter.acquire("t")
+        return httpx.Response(
+            200, headers={"X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "60"}
+        )
+
+    for _ in range(8):
+        limiter.acquire("t")
+    clock.advance(0.5)  # so that the call's mark is 8: the units before its slot
+    with ThrottledClient(limiter, transport=httpx.MockTransport(api)) as client:
+        client.get("https://api.example.com/x", headers={"Authorization": "Bearer t"})
+    learned = limiter.usage("t").learned
+    # 5 left + its own 1: the 10 booked since count (not 10 - 8, from the old mark).
+    assert learned is not None and (learned.limit, learned.used) == (6, 10)
+    assert not limiter.try_acquire("t").allowed
+    backend.close()
+
+
+def test_a_sqlite_file_made_before_issue_11_is_brought_up_to_date(tmp_path: Any) -> None:
+    """tc_meta gains ``born`` on open (0: a life begun before any mark), keeping its rows."""
+    import sqlite3
+
+    from throttle_client import SQLiteBackend
+
+    path = tmp_path / "old.db"
+    clock = FakeClock(NOW)
+    with SQLiteBackend(path) as backend:
+        Limiter(backend, rates=["10/minute"], clock=clock, sleep=clock.sleep).acquire("t")
+    db = sqlite3.connect(path)  # as an earlier version left it: no born, no tc_learned
+    db.executescript(
+        "CREATE TABLE m AS SELECT key, last, total, base, pause_until, expires_at FROM tc_meta;"
+        "DROP TABLE tc_meta; DROP TABLE tc_learned;"
+        "CREATE TABLE tc_meta (key TEXT PRIMARY KEY, last INTEGER, total INTEGER NOT NULL,"
+        " base INTEGER NOT NULL, pause_until INTEGER NOT NULL, expires_at INTEGER NOT NULL)"
+        " WITHOUT ROWID;"
+        "INSERT INTO tc_meta SELECT * FROM m; DROP TABLE m;"
+    )
+    db.close()
+    with SQLiteBackend(path) as backend:
+        limiter = Limiter(backend, rates=["10/minute"], clock=clock, sleep=clock.sleep)
+        assert limiter.usage("t").rates[0].used == 1  # its row kept
+        limiter.learn(
+            "t", limiter.acquire("t"), {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}
+        )
+        assert limiter.usage("t").learned is not None

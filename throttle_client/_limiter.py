@@ -416,6 +416,7 @@ class _LimiterCore:
             late_wakeups=late_wakeups,
             _slot_us=verdict.slot_us,
             _mark=verdict.mark,
+            _born=verdict.born,
         )
 
     def _acquire_flow(
@@ -784,6 +785,7 @@ class _LimiterCore:
             limit=view.remaining + decision.cost,
             now_us=self._at(now),
             from_cum=decision._mark,
+            born=decision._born,
         )
         log.debug(
             "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "

@@ -40,6 +40,7 @@ class Decision:
     # total a limit learned from this call's response counts from (-1: not marked).
     _slot_us: int = field(default=-1, repr=False, compare=False)
     _mark: int = field(default=-1, repr=False, compare=False)
+    _born: int = field(default=-1, repr=False, compare=False)  # when the mark's key began
 
     def __bool__(self) -> bool:
         return self.allowed

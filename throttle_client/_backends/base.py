@@ -127,8 +127,10 @@ class Verdict:
     # needs (the store's now, or a slot): nothing was written; ask again with windows there.
     stale: bool = False
     # An admitted call that asked for it (Acquire.mark_us): the running total of the
-    # (first) key's entries before its slot less mark_us; -1: not asked.
+    # (first) key's entries before its slot less mark_us; -1: not asked. ``born``: when
+    # that key's running totals began (a key forgotten and begun again counts from 0).
     mark: int = -1
+    born: int = -1
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,7 @@ class Learn(Op[None]):
     limit: int
     now_us: int | None = None
     from_cum: int = -1
+    born: int = -1  # Verdict.born of the mark: a mark of another life of the key counts all
 
 
 @dataclass(frozen=True)

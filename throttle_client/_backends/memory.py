@@ -25,6 +25,7 @@ class _MemoryLog:
 
     __slots__ = (
         "base",
+        "born",
         "call_ids",
         "cums",
         "expires_at",
@@ -46,6 +47,7 @@ class _MemoryLog:
         self.base = 0
         self.pause_until = 0
         self.learned: tuple[int, int, int, int] | None = None
+        self.born = 0  # set by the store when it begins the key
         self.expires_at = 0
 
     def slot_of(self, call_id: str) -> int | None:
@@ -210,6 +212,7 @@ class MemoryBackend(Backend):
         log = self._logs.get(key)
         if log is None or (log.expires_at and log.expires_at <= now):
             log = self._logs[key] = _MemoryLog()
+            log.born = now
         return log
 
     def _sweep(self, now: int) -> None:

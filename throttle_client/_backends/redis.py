@@ -152,7 +152,7 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     if isinstance(op, Pause):
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
     if isinstance(op, Learn):
-        learned = (op.since_us, op.until_us, op.limit, op.from_cum)
+        learned = (op.since_us, op.until_us, op.limit, op.from_cum, op.born)
         return keys, (b"learn", quota, now, *(b"%d" % n for n in learned))
     if op.quota.max_concurrent:  # it counts the calls in flight and waiting too
         keys += lease_keys(op.key)
@@ -197,10 +197,21 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head,
         # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
-        mark = remaining.pop() if allowed == 1 and op.mark_us >= 0 else -1
+        mark = born = -1
+        if allowed == 1 and op.mark_us >= 0:  # MARK BORN follow
+            born, mark = remaining.pop(), remaining.pop()
         waiting, head, full = allowed in (2, 3), allowed == 3, allowed >= 2
         verdict = Verdict(
-            allowed == 1, now, slot, pause, tuple(remaining), waiting, head, full, mark=mark
+            allowed == 1,
+            now,
+            slot,
+            pause,
+            tuple(remaining),
+            waiting,
+            head,
+            full,
+            mark=mark,
+            born=born,
         )
         return cast(T, verdict)
     if isinstance(op, Renew):

@@ -51,6 +51,7 @@ class LogView(Protocol):
     pause_until: int
     # What the upstream said (base.Learn): (since, until, limit, from_cum), or None.
     learned: tuple[int, int, int, int] | None
+    born: int  # when the running totals began: a key forgotten begins again from 0
 
     def slot_of(self, call_id: str) -> int | None:
         """The slot booked by ``call_id``, if it is in the log."""
@@ -224,7 +225,15 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     log.append(slot, op.cost, op.call_id)
     log.trim(op.quota.keep_from(now) - 1)  # (a learned limit needs none of them)
     log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
-    return Verdict(True, now, slot, log.pause_until, remaining_at(log, op.quota, slot), mark=marked)
+    return Verdict(
+        True,
+        now,
+        slot,
+        log.pause_until,
+        remaining_at(log, op.quota, slot),
+        mark=marked,
+        born=log.born if marked >= 0 else -1,
+    )
 
 
 def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
@@ -254,7 +263,8 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
         log.trim(charge.quota.keep_from(now) - 1)
         log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
     remaining = remaining_all(logs, charges, slot)
-    return Verdict(True, now, slot, pause_until, remaining, mark=marked)
+    born = logs[0].born if marked >= 0 else -1
+    return Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
 
 
 def remaining_all(
@@ -320,7 +330,7 @@ def learn(log: LogView, op: Learn, now: int) -> None:
             # too many through.)
             return
         from_cum = log.cum_through(op.since_us - 1)
-    elif from_cum > log.total:  # the key was forgotten since (reset, expired): count all
+    elif op.born != log.born or from_cum > log.total:  # the key was forgotten since: count all
         from_cum = 0
     log.set_learned((op.since_us, op.until_us, op.limit, from_cum))
     # The entries it counts must last until its end.

@@ -9,9 +9,10 @@ read while waiting for the lock would already lie in the past.
 Tables (keys are the limiter's hashed store keys, never an access token)::
 
     tc_entries(key, slot, cum, call_id)   one row per admitted call
-    tc_meta(key, last, total, base, pause_until, expires_at)
+    tc_meta(key, last, total, base, pause_until, expires_at, born)
     tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
     tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
+    tc_learned(key, since, until, lim, from_cum)   a limit learned from the upstream
 
 All are written in one transaction, so only hands from outside can leave a key's
 rows without its meta, a meta without its rows, or a meta this version cannot read;
@@ -71,7 +72,8 @@ CREATE TABLE IF NOT EXISTS tc_meta (
     total INTEGER NOT NULL,
     base INTEGER NOT NULL,
     pause_until INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL
+    expires_at INTEGER NOT NULL,
+    born INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
 CREATE TABLE IF NOT EXISTS tc_holders (
@@ -104,7 +106,8 @@ CREATE TABLE IF NOT EXISTS tc_learned (
 # (A learned limit, sliding_log.learn, lives in a table of its own, read with the meta.)
 _META = (
     "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, "
-    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim, l.from_cum "
+    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim, l.from_cum, "
+    "m.born "
     "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
@@ -186,6 +189,7 @@ class _SQLiteLog:
         self.pause_until = 0
         self.learned: tuple[int, int, int, int] | None = None
         self.learned_dirty = False
+        self.born = now  # a key begun in this step (a stored one says when it began)
         self.expires_at = 0
         self.dirty = False  # meta must be written back
         self.live = True  # False: the stored rows are expired and must be ignored
@@ -203,6 +207,7 @@ class _SQLiteLog:
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
             if all(type(n) is int for n in row[6:10]):
                 self.learned = row[6:10]
+            self.born = row[10] if type(row[10]) is int else 0
             if self.total > self.base and not row[5]:
                 self.lost = "log"
         elif writable:  # nothing in it matters any more: start afresh
@@ -298,11 +303,20 @@ class _SQLiteLog:
     def save(self) -> None:
         if self.dirty:
             self.db.execute(
-                "INSERT INTO tc_meta (key, last, total, base, pause_until, expires_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "INSERT INTO tc_meta (key, last, total, base, pause_until, expires_at, born) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
                 "last = excluded.last, total = excluded.total, base = excluded.base, "
-                "pause_until = excluded.pause_until, expires_at = excluded.expires_at",
-                (self.key, self.last, self.total, self.base, self.pause_until, self.expires_at),
+                "pause_until = excluded.pause_until, expires_at = excluded.expires_at, "
+                "born = excluded.born",
+                (
+                    self.key,
+                    self.last,
+                    self.total,
+                    self.base,
+                    self.pause_until,
+                    self.expires_at,
+                    self.born,
+                ),
             )
         if self.learned_dirty and self.learned is not None:
             self.db.execute(
@@ -588,6 +602,15 @@ class SQLiteBackend(Backend):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                # A file made before tc_meta had ``born`` (issue 11) gets it: 0, a life
+                # begun before any mark was taken.
+                columns = {row[1] for row in db.execute("PRAGMA table_info(tc_meta)")}
+                if "born" not in columns:
+                    db.execute("ALTER TABLE tc_meta ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
+                columns = {row[1] for row in db.execute("PRAGMA table_info(tc_learned)")}
+                if "from_cum" not in columns:  # (made between two commits of issue 11)
+                    db.execute("DROP TABLE tc_learned")
+                    db.execute(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS tc_learned") :])
                 # Tables that exist already are not written to above: this write of
                 # nothing fails on a file this process cannot write.
                 db.execute("DELETE FROM tc_meta WHERE 0")

@@ -9,9 +9,10 @@
 --         the running total reaches y" with one lookup each, and one ZADD NX books
 --         a call and refuses a second booking of the same call id.
 -- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp, since,
---            until, limit, from) (µs and costs; -1 for no entry; the last four: a limit
---            learned from the upstream, counted from running total `from`; until 0 for
---            none, absent in metas of older versions).
+--            until, limit, from, born) (µs and costs; -1 for no entry; since..from: a
+--            limit learned from the upstream, counted from running total `from`, until 0
+--            for none; born: when the key's running totals began, the script's now when
+--            it makes a meta afresh; all five absent in metas of older versions).
 --            L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
@@ -145,7 +146,7 @@ end
 
 local function pack_meta(k)
   return cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
-    k.learned, k.from)
+    k.learned, k.from, k.born)
 end
 
 -- Write a key's M. When what still matters (`needed`) reaches past `expires`, L and M
@@ -173,14 +174,15 @@ end
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
-             since = 0, ["until"] = 0, learned = 0, from = 0}
+             since = 0, ["until"] = 0, learned = 0, from = 0, born = now}
   local fixed
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i, j = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i, j, born = pcall(cmsgpack.unpack, state)
     if ok and tag == 'tc1' and type(a) == 'number' and type(b) == 'number' and type(c) == 'number'
         and type(d) == 'number' and type(e) == 'number' and type(f) == 'number' then
       k.last, k.total, k.base, k.pause, k.first, k.expires = a, b, c, d, e, f
+      k.born = type(born) == 'number' and born or 0
       if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' and type(j) == 'number' then
         k.since, k["until"], k.learned, k.from = g, h, i, j
       end
@@ -493,7 +495,10 @@ if op == 'acquire_all' or op == 'lease' then
   end
   local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
     local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
-    if mark_us >= 0 then out[#out + 1] = marked or -1 end -- it may be trimmed since)
+    if mark_us >= 0 then -- it may be trimmed since); MARK BORN
+      out[#out + 1] = marked or -1
+      out[#out + 1] = marked and keys[1].born or -1
+    end
     return reply(out)
   end
   local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
@@ -594,7 +599,7 @@ if op == 'acquire' then
 
   local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
     local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
-    if mark_us >= 0 then out[#out + 1] = -1 end -- trimmed since it was booked
+    if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
     return reply(out)
   end
   local earliest, missing = earliest_slot(k, cost)
@@ -615,7 +620,7 @@ if op == 'acquire' then
     return admitted(booked(k, id))
   end
   local out = remaining_at(k, slot, {1, now, slot, k.pause})
-  if marked then out[#out + 1] = marked end
+  if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
   return reply(out)
 end
 
@@ -652,13 +657,15 @@ end
 
 if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
   local since, till, limit = whole(ARGV[4], 0), whole(ARGV[5], 0), whole(ARGV[6], 0)
-  local from = whole(ARGV[7] or -1, -1)
-  if not since or not till or not limit or not from then return fail('bad learned limit') end
+  local from, born = whole(ARGV[7] or -1, -1), whole(ARGV[8] or -1, -1)
+  if not since or not till or not limit or not from or not born then
+    return fail('bad learned limit')
+  end
   if till <= now or (k["until"] > now and since < k.since) then return '1' end
   if from < 0 then -- not marked: from the log, if it still holds every entry needed
     if since < q.keep then return '1' end -- (an answer too late: entries may be trimmed)
     from = cum_through(k, since - 1)
-  elseif from > k.total then -- the key was forgotten since: count all
+  elseif born ~= k.born or from > k.total then -- the key was forgotten since: count all
     from = 0
   end
   k.since, k["until"], k.learned, k.from = since, till, limit, from
