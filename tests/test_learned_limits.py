@@ -85,6 +85,17 @@ def test_headers_that_say_nothing_usable_are_ignored(headers: dict[str, str]) ->
 # -- holding a key to what the upstream said --------------------------------------------------
 
 
+def a_store(kind: str, request: pytest.FixtureRequest) -> Any:
+    """A store of ``kind``: memory, a SQLite file of the test's own, or the session's Redis."""
+    from throttle_client import SQLiteBackend
+
+    if kind == "memory":
+        return MemoryBackend()
+    if kind == "sqlite":
+        return SQLiteBackend(request.getfixturevalue("tmp_path") / "limits.db")
+    return RedisBackend(request.getfixturevalue("redis_url"))
+
+
 class HalfLimitAPI:
     """An upstream that really allows ``limit`` per fixed second (by arrival on ``clock``),
     and says so in X-RateLimit headers; each request takes ``delay`` seconds to arrive."""
@@ -233,9 +244,7 @@ def test_an_answer_later_than_the_longest_window_is_not_learned_from(
 ) -> None:
     """The entries it would count from may be trimmed already: counting too few would
     let too many through, so the store ignores it (the rates still hold)."""
-    backend: Any = (
-        MemoryBackend() if kind == "memory" else RedisBackend(request.getfixturevalue("redis_url"))
-    )
+    backend = a_store(kind, request)
     clock = FakeClock(NOW)
     limiter = Limiter(backend, rates=["10/second"], clock=clock, sleep=clock.sleep, margin=0)
     slow = limiter.acquire("t")
@@ -260,14 +269,8 @@ def test_through_the_transports_a_slow_answer_is_learned_from_all_the_same(
     """The transports' admissions mark where a learned limit would count from (the
     running total before the slot, less the margin), so an answer 2 s late counts every
     call after it, though a 1 s window let the store trim them."""
-    from throttle_client import SQLiteBackend
 
-    if kind == "memory":
-        backend: Any = MemoryBackend()
-    elif kind == "sqlite":
-        backend = SQLiteBackend(request.getfixturevalue("tmp_path") / "slow.db")
-    else:
-        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    backend = a_store(kind, request)
     clock = FakeClock(NOW)
     limiter = Limiter(backend, rates=["10/second"], clock=clock, sleep=clock.sleep, margin=0)
     answers = iter([{"X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "60"}])
@@ -501,14 +504,8 @@ def test_a_key_forgotten_while_a_call_was_in_flight_counts_everything(
 ) -> None:
     """The key is reset and refilled past the answered call's mark before its answer comes
     back: the mark belongs to the key's former life, so the learned limit counts all."""
-    from throttle_client import SQLiteBackend
 
-    if kind == "memory":
-        backend: Any = MemoryBackend()
-    elif kind == "sqlite":
-        backend = SQLiteBackend(request.getfixturevalue("tmp_path") / "born.db")
-    else:
-        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    backend = a_store(kind, request)
     clock = FakeClock(NOW)
     limiter = Limiter(backend, rates=["100/second"], clock=clock, sleep=clock.sleep, margin=0)
     refill = iter(range(1))
