@@ -21,9 +21,9 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
 
+from tests.local_server import LocalServer
 from throttle_client.cli.upstream import token_of
 
 
@@ -39,7 +39,7 @@ class Occupancy:
         return self.at_cap / self.span if self.span > 0 else 0.0
 
 
-class InflightUpstream:
+class InflightUpstream(LocalServer):
     """``with InflightUpstream(token_cap=4) as upstream:`` ... ``upstream.url``."""
 
     def __init__(
@@ -55,24 +55,7 @@ class InflightUpstream:
         self._arrivals: dict[str, list[float]] = defaultdict(list)
         self.served = 0
         self.refused = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> InflightUpstream:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        super().__init__()
 
     def _caps(self, token: str, account: str | None) -> list[tuple[str, int]]:
         caps = [(f"token:{token}", self.token_cap)]
@@ -140,35 +123,13 @@ class InflightUpstream:
         span = end - start
         return Occupancy(span=span, at_cap=at_cap, mean=area / span if span > 0 else 0.0)
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        upstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: no TCP handshake per request
-            # The head and the body go out in separate writes: without this, Nagle's
-            # algorithm and the client's delayed ACK hold the body back some 40 ms.
-            disable_nagle_algorithm = True
-
-            def do_GET(self) -> None:
-                token = token_of(self.headers, self.path)
-                account = self.headers.get("X-Account")
-                if not upstream.enter(token, account):
-                    self._answer(429, b"too many in flight\n")
-                    return
-                try:
-                    time.sleep(upstream.handling)
-                finally:
-                    upstream.leave(token, account)  # before the answer: see the module
-                self._answer(200, b"ok\n")
-
-            def _answer(self, status: int, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
+    def answer(self, request: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
+        token = token_of(request.headers, request.path)
+        account = request.headers.get("X-Account")
+        if not self.enter(token, account):
+            return 429, {}, b"too many in flight\n"
+        try:
+            time.sleep(self.handling)
+        finally:
+            self.leave(token, account)  # before the answer: see the module
+        return 200, {}, b"ok\n"

@@ -24,9 +24,9 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
 
+from tests.local_server import LocalServer
 from throttle_client.cli.upstream import token_of
 
 
@@ -40,7 +40,7 @@ class Arrival:
     remaining: int  # what the answer said was left in the window
 
 
-class QuotaUpstream:
+class QuotaUpstream(LocalServer):
     """``with QuotaUpstream(limit=60, window=1.0) as upstream:`` ... ``upstream.url``."""
 
     def __init__(self, *, limit: int, window: float) -> None:
@@ -49,24 +49,7 @@ class QuotaUpstream:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int], int] = defaultdict(int)  # (token, window) -> n
         self._journal: dict[str, list[Arrival]] = defaultdict(list)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> QuotaUpstream:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        super().__init__()
 
     # -- the quota ------------------------------------------------------------------------
 
@@ -108,28 +91,7 @@ class QuotaUpstream:
 
     # -- serving ----------------------------------------------------------------------------
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        upstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: no TCP handshake per request
-            # Head and body go out in two writes: without this, Nagle's algorithm and the
-            # client's delayed ACK hold the body back some 40 ms.
-            disable_nagle_algorithm = True
-
-            def do_GET(self) -> None:
-                token = token_of(self.headers, self.path)
-                status, headers = upstream.judge(token, self.headers.get("X-Client", "-"))
-                body = b"ok\n" if status == 200 else b"quota exceeded\n"
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
+    def answer(self, request: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
+        token = token_of(request.headers, request.path)
+        status, headers = self.judge(token, request.headers.get("X-Client", "-"))
+        return status, headers, b"ok\n" if status == 200 else b"quota exceeded\n"
