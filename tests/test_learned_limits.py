@@ -561,3 +561,19 @@ def test_a_sqlite_file_made_before_issue_11_is_brought_up_to_date(tmp_path: Any)
             "t", limiter.acquire("t"), {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}
         )
         assert limiter.usage("t").learned is not None
+
+
+def test_an_admission_by_local_fallback_carries_no_mark(own_redis: RedisServer) -> None:
+    """A mark is a running total of the store's log: one taken in the fallback's own log
+    would mislead a limit learned later in the store, so the fallback is not asked."""
+    from throttle_client._flow import run
+
+    limiter = Limiter(
+        RedisBackend(own_redis.url),
+        rates=["100/minute"],
+        retry_for=0,
+        on_unavailable=LocalFallback(expected_workers=2),
+    )
+    own_redis.close()
+    decision = run(limiter._send_flow("t", 1, None, limiter._local()), limiter._perform)
+    assert decision.allowed and decision._mark == -1

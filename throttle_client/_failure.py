@@ -184,7 +184,6 @@ class FailureGuard:
                 local = cast(Op[T], dataclasses.replace(op, charges=charges))
             elif isinstance(op, Learn):  # this process's share of what the upstream allows
                 n = self.on_unavailable.expected_workers
-                # (A mark is a running total of the store's log: none of this one's.)
                 local = cast(
                     Op[T],
                     dataclasses.replace(
@@ -193,6 +192,10 @@ class FailureGuard:
                 )
             else:
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))
+            if isinstance(local, (Acquire, AcquireAll)) and local.mark_us >= 0:
+                # A mark is a running total of the store's log: this log's would mislead a
+                # limit learned later in the store (and the store's, one learned here).
+                local = cast(Op[T], dataclasses.replace(local, mark_us=-1))
             fallback = self.fallback
             return lambda: fallback.execute(local)
         if isinstance(op, Learn) and self.on_unavailable == "allow":

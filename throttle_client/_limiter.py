@@ -461,8 +461,6 @@ class _LimiterCore:
             verdict, from_store, now = yield from self._ask_flow(op, sent, also)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
-            if not from_store and verdict.mark >= 0:  # a running total of another log
-                verdict = dataclasses.replace(verdict, mark=-1)
             if verdict.waiting and isinstance(op, AcquireAll):
                 left = max_wait_us - round((now - started) * US)
                 if left > 0:
