@@ -1,18 +1,23 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
--- shaped so that an admission costs five redis.call()s: TIME, GET, ZSCORE, ZADD, SET.
+-- shaped so that an admission costs five redis.call()s: TIME, GET, EXISTS, ZADD, SET.
 --
--- KEYS[1] L, the log: one zset holding each admitted call twice,
---            "s" .. running total (zero-padded) with score = slot (µs, >= 0), and
---            "c" .. call id                      with score = -(running total) (<= -1);
---         so L answers both "running total at the newest slot <= t" and "slot at which
---         the running total reaches y" with one lookup each, and one ZADD NX books
---         a call and refuses a second booking of the same call id.
--- KEYS[2] M, the meta: msgpack of ("tc1", last, total, base, pause, first, exp, since,
---            until, limit, from, born) (µs and costs; -1 for no entry; since..from: a
---            limit learned from the upstream, counted from running total `from`, until 0
+-- KEYS[1] L, the log: one zset holding each admitted call once: member = its running
+--         total as 6 bytes big-endian (so members of one slot sort by total), score =
+--         its slot (µs, >= 0). "Running total through t" is one range lookup by score;
+--         "slot at which the running total reaches y" is one lookup by rank from the
+--         newest entry while every entry after y cost 1 (M's `wcum`), a bisection over
+--         ranks otherwise. One member of <= 6 bytes keeps an entry at ~105 bytes.
+--         Besides, for KEEP_IDS after their slot only, the calls' ids: member "c" .. call
+--         id, score -(slot + 1) (<= -1), so that a retried call finds its slot ("Call ids").
+-- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
+--            until, limit, from, born, wcum, idold) (µs and costs; -1 for no entry; since..from:
+--            a limit learned from the upstream, counted from running total `from`, until 0
 --            for none; born: when the key's running totals began, the script's now when
---            it makes a meta afresh; all five absent in metas of older versions).
+--            it makes a meta afresh; wcum: the running total of the newest entry that cost
+--            more than 1; idold: the slot of the oldest call id in L, -1 for none). A
+--            "tc1" meta is an older version's layout (two members per call, kept as
+--            long as the entries): its log is replaced, see open().
 --            L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
@@ -140,13 +145,19 @@ local function read_quota(packed)
   return q
 end
 
-local function entry(cum) -- the "s" member of the entry whose running total is cum
-  return format('s%015d', cum)
+local TOTALS = 281474976710656 -- 2^48: a running total is 6 bytes
+
+local function entry(cum) -- the member of the entry whose running total is cum
+  return struct.pack('>I6', cum)
+end
+
+local function total_of(member)
+  return (struct.unpack('>I6', member))
 end
 
 local function pack_meta(k)
-  return cmsgpack.pack('tc1', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
-    k.learned, k.from, k.born)
+  return cmsgpack.pack('tc2', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
+    k.learned, k.from, k.born, k.wcum, k.idold)
 end
 
 -- Write a key's M. When what still matters (`needed`) reaches past `expires`, L and M
@@ -172,33 +183,43 @@ end
 -- cannot read. Whatever is missing is rebuilt here, in this atomic step, so that the
 -- slot arithmetic never admits a call the lost state would have refused. A key of the
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
+-- A key of the older layout ("tc1": two members per call, "s%015d" and "c<call id>") is
+-- read as far as it can be and its log replaced as if lost: a stall, never over-use.
+local function total_in(member) -- a member of either layout (the older: "s" .. 15 digits)
+  if #member == 6 then return total_of(member) end
+  return tonumber(string.sub(member, 2)), true
+end
+
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
-             since = 0, ["until"] = 0, learned = 0, from = 0, born = now}
-  local fixed
+             since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1}
+  local fixed, older
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i, j, born = pcall(cmsgpack.unpack, state)
-    if ok and tag == 'tc1' and type(a) == 'number' and type(b) == 'number' and type(c) == 'number'
-        and type(d) == 'number' and type(e) == 'number' and type(f) == 'number' then
+    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold = pcall(cmsgpack.unpack, state)
+    if ok and (tag == 'tc2' or tag == 'tc1') and type(a) == 'number' and type(b) == 'number'
+        and type(c) == 'number' and type(d) == 'number' and type(e) == 'number' and type(f) == 'number'
+        and (tag == 'tc1' or (type(wcum) == 'number' and type(idold) == 'number')) then
       k.last, k.total, k.base, k.pause, k.first, k.expires = a, b, c, d, e, f
       k.born = type(born) == 'number' and born or 0
       if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' and type(j) == 'number' then
         k.since, k["until"], k.learned, k.from = g, h, i, j
       end
+      if tag == 'tc2' then k.wcum, k.idold = wcum, idold else older = true end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
     end
   end
   if state then
-    -- L lost, M kept: M says entries exist, and its newest one ("s" .. total) always does.
+    -- L lost, M kept: M says entries exist (and so L exists, the newest entry at least).
     -- Nothing tells when the lost units were admitted, so all of them are put at the
     -- newest slot: a rate that they fill waits until that slot + its period. A stall of at
     -- most one period after the last slot, never over-use.
-    if k.first >= 0 and not redis.call('ZSCORE', log, entry(k.total)) then
+    if older then redis.call('DEL', log) end
+    if k.first >= 0 and (older or redis.call('EXISTS', log) == 0) then
       if k.total > k.base and k.last + q.horizon > now then
-        redis.call('ZADD', log, format('%d', k.last), entry(k.total), format('%d', -k.total), 'c:repaired')
-        k.first, fixed = k.last, 'log'
+        redis.call('ZADD', log, format('%d', k.last), entry(k.total))
+        k.first, k.wcum, k.idold, fixed = k.last, k.total, -1, 'log'
       else -- no window reaches the lost entries any more: no loss, an empty log
         k.first, k.base = -1, k.total
       end
@@ -208,15 +229,21 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     -- rebuilt from it: last and total from the newest entry, first from the oldest, and
     -- base from the oldest's running total less the smallest limit (that entry cost no
     -- more than that: this counts too much, never too little). A pause in force is lost.
+    -- Costs are unknown: every entry up to the total counts as weighted (wcum).
     local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
     if newest[1] and tonumber(newest[2]) + q.horizon > now then
       local oldest = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      k.last, k.total = tonumber(newest[2]), tonumber(string.sub(newest[1], 2))
-      k.first = tonumber(oldest[2])
-      k.base = math.max(0, tonumber(string.sub(oldest[1], 2)) - q.smallest)
-      fixed = 'meta'
+      k.last, k.first = tonumber(newest[2]), tonumber(oldest[2])
+      k.total, older = total_in(newest[1])
+      k.base = math.max(0, total_in(oldest[1]) - q.smallest)
+      k.wcum, k.idold, fixed = k.total, 0, 'meta' -- (0: any ids there go at the next booking)
+      if older then -- its log is replaced: every unit counted at the newest slot
+        redis.call('DEL', log)
+        redis.call('ZADD', log, format('%d', k.last), entry(k.total))
+        k.first, k.idold = k.last, -1
+      end
     else -- nothing in L can matter any more (or there is no L): a fresh start
-      redis.call('ZREMRANGEBYRANK', log, 0, -1)
+      redis.call('DEL', log)
     end
   end
   if fixed then
@@ -226,15 +253,35 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   return k
 end
 
+local function placed(k, back) -- the entry `back` places before the newest: slot, total
+  local hit = redis.call('ZRANGE', k.log, -back - 1, -back - 1, 'WITHSCORES')
+  local slot = tonumber(hit[2]) -- (below the entries: the call ids, scored < 0)
+  if slot and slot >= 0 then return slot, total_of(hit[1]) end
+end
+
+-- The slot at which the running total reaches `target` (base < target <= total): that
+-- of the oldest entry whose total is at least `target`. When every entry after it cost
+-- 1, it is `total - target` places before the newest: one lookup. Otherwise a bisection
+-- over places: the entry at `lo` reaches the target, the one at `hi` does not (each entry
+-- costs at least 1, so `total - target + 1` places back is below it, or not there).
 local function time_at_cum(k, target)
-  local hit = redis.call('ZREVRANGEBYSCORE', k.log, format('%d', -target), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  return tonumber(redis.call('ZSCORE', k.log, entry(-hit[2])))
+  if target >= k.wcum then
+    local slot = placed(k, k.total - target)
+    if slot then return slot end
+  end
+  local lo, hi, slot = 0, k.total - target + 1, k.last
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    local at, cum = placed(k, mid)
+    if at and cum >= target then lo, slot = mid, at else hi = mid end
+  end
+  return slot
 end
 
 local function cum_through(k, t)
   if k.first < 0 or t < k.first then return k.base end
   local hit = redis.call('ZREVRANGEBYSCORE', k.log, format('%d', t), 0, 'LIMIT', 0, 1)[1]
-  return tonumber(string.sub(hit, 2))
+  return total_of(hit)
 end
 
 -- Calendar rates (sliding_log.py, step for step): the given windows that count a slot
@@ -285,6 +332,9 @@ end
 
 -- The earliest slot for `cost`: max(now, last + gap, pause, each sliding rate's), then
 -- the calendar windows; or nil and the time whose window the limiter did not give.
+-- A sliding rate first looks up the running total through now - period (k.seen[i]):
+-- when that already reaches the target, the rate does not hold the call back, and the
+-- same figure gives its remaining at now, so a rate that is not full costs one lookup.
 local function earliest_slot(k, cost)
   local q = k.q
   for i = 1, q.nrates do
@@ -292,10 +342,14 @@ local function earliest_slot(k, cost)
   end
   local slot = math.max(now, k.pause, k.last + q.gap)
   if k.last < 0 then slot = math.max(now, k.pause) end
+  k.seen = {}
   for i = 1, q.nrates do
-    local target = k.total - q.limits[i] + cost
-    if not q.windows[i] and target > k.base then
-      slot = math.max(slot, time_at_cum(k, target) + q.periods[i])
+    if not q.windows[i] then
+      local target, through = k.total - q.limits[i] + cost, cum_through(k, now - q.periods[i])
+      k.seen[i] = through
+      if target > through then
+        slot = math.max(slot, time_at_cum(k, target) + q.periods[i])
+      end
     end
   end
   return calendar_slot(k, slot, cost)
@@ -306,7 +360,8 @@ local function remaining_at(k, point, out)
   for i = 1, q.nrates do
     local w, used = q.windows[i]
     if not w then
-      used = k.total - cum_through(k, point - q.periods[i])
+      local through = point == now and k.seen and k.seen[i] -- (bookings come at now or later)
+      used = k.total - (through or cum_through(k, point - q.periods[i]))
     else
       local first, last = counting(w, point)
       if first then
@@ -325,9 +380,35 @@ local function stale(at) -- the windows given do not reach `at`: nothing was wri
   return reply({now, at}, 'stale ')
 end
 
+-- Call ids. A retried call (its answer lost, the limiter tries again with the same id)
+-- must get the slot its first attempt booked, never a second one. The ZADD that books an
+-- entry adds "c" .. id beside it, NX: a second booking of the id is found and undone.
+-- The ids are kept only while a retry can come: KEEP_IDS after their slot (a limiter's
+-- retries of a call end within its retry_for, 1 s by default, plus a 1 s timeout), then
+-- dropped in batches (M's idold), so they add almost nothing to a long log's memory.
+local KEEP_IDS = 5000000
+
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
-  local cum = redis.call('ZSCORE', k.log, 'c' .. id)
-  return cum and tonumber(redis.call('ZSCORE', k.log, entry(-cum)))
+  local score = redis.call('ZSCORE', k.log, 'c' .. id)
+  return score and -tonumber(score) - 1
+end
+
+local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time
+  if k.idold >= 0 and k.idold < now - 2 * KEEP_IDS then
+    redis.call('ZREMRANGEBYSCORE', k.log, format('(%d', -(now - KEEP_IDS) - 1), -1)
+    local oldest = redis.call('ZREVRANGEBYSCORE', k.log, -1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+    k.idold = oldest and -tonumber(oldest) - 1 or -1
+  end
+end
+
+local function bad_id(id)
+  if not id or id == '' then return 'missing call id' end
+end
+
+local function past_totals(k, cost) -- a 6-byte member holds totals below 2^48
+  if k.total + cost >= TOTALS then
+    return format('running total %d + %d reaches 2^48: reset the key', k.total, cost)
+  end
 end
 
 local function check_cost(q, cost)
@@ -336,13 +417,21 @@ local function check_cost(q, cost)
   end
 end
 
--- Book ``cost`` at ``slot`` under call ``id``; false if the id is already in the log.
+-- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
+-- retries are found in the first key); false if the id is already booked.
 local function book(k, slot, cost, id)
   local cum = k.total + cost
-  if redis.call('ZADD', k.log, 'NX', format('%d', slot), entry(cum), format('%d', -cum), 'c' .. id) < 2 then
-    redis.call('ZREM', k.log, entry(cum))
-    return false
+  if id then
+    if redis.call('ZADD', k.log, 'NX', format('%d', slot), entry(cum), format('%d', -slot - 1), 'c' .. id) < 2 then
+      redis.call('ZREM', k.log, entry(cum))
+      return false
+    end
+    if k.idold < 0 then k.idold = slot end
+    drop_ids(k)
+  else
+    redis.call('ZADD', k.log, format('%d', slot), entry(cum))
   end
+  if cost > 1 then k.wcum = cum end
   k.total, k.last = cum, slot
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
   if fresh then k.first = slot end
@@ -350,7 +439,6 @@ local function book(k, slot, cost, id)
   if k.first <= cutoff - k.q.slack then -- trim a batch: entries no window can reach any more
     k.base = cum_through(k, cutoff)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
-    redis.call('ZREMRANGEBYSCORE', k.log, format('%d', -k.base), -1)
     k.first = tonumber(redis.call('ZRANGEBYSCORE', k.log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
   end
   save(k, math.max(slot, k.pause) + k.q.horizon, fresh)
@@ -452,7 +540,7 @@ if op == 'acquire_all' or op == 'lease' then
   local mark_us = ARGV[2] == '-' and -1 or whole(ARGV[2], 0) -- Acquire.mark_us, first key
   if not mark_us then return fail('bad mark') end
   if not max_wait then return fail('bad max wait') end
-  if not id or id == '' then return fail('missing call id') end
+  if bad_id(id) then return fail(bad_id(id)) end
   if not lead then return fail('bad lead') end
   local lease = op == 'lease' and ARGV[7]
   local per, first_arg = 2, 7
@@ -573,8 +661,13 @@ if op == 'acquire_all' or op == 'lease' then
     for _, lk in ipairs(capped) do touch(lk) end
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
   end
+  for i = 1, n do
+    local problem = past_totals(keys[i], costs[i])
+    if problem then return fail(problem .. ' for key #' .. i) end
+  end
   local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
-  for i = 1, n do book(keys[i], slot, costs[i], id) end
+  if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
+  for i = 2, n do book(keys[i], slot, costs[i]) end
   for _, lk in ipairs(capped) do -- held through the sleep to its slot too
     dequeue(lk, lease)
     hold(lk, lease, math.max(slot, now) + lk.ttl)
@@ -593,8 +686,7 @@ if op == 'acquire' then
   if not cost then return fail('bad cost ' .. tostring(ARGV[4])) end
   if not max_wait then return fail('bad max wait') end
   if not lead or not mark_us then return fail('bad lead') end
-  if not id or id == '' then return fail('missing call id') end
-  problem = check_cost(q, cost)
+  problem = bad_id(id) or check_cost(q, cost)
   if problem then return fail(problem) end
 
   local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
@@ -614,9 +706,11 @@ if op == 'acquire' then
     if earlier then return admitted(earlier) end
     return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing written
   end
+  problem = past_totals(k, cost)
+  if problem then return fail(problem) end
   local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
   if not book(k, slot, cost, id) then
-    -- The same call again (a driver retry): it keeps the slot it booked.
+    -- The same call again (a retry): it keeps the slot it booked.
     return admitted(booked(k, id))
   end
   local out = remaining_at(k, slot, {1, now, slot, k.pause})
