@@ -6,6 +6,9 @@ CPU frequency, the log growing) hits every candidate alike:
 
   floor          a bare EVALSHA of ``return 1`` with one key: one round trip, nothing more
   tc try_acquire throttle_client ``Limiter.try_acquire``, admitted (10**9/hour)
+  tc 2 rates+gap ``try_acquire`` held to 10**9/hour and 10**9/second and a 1 µs gap:
+                 issue 13's decision (the second's window reaches past the oldest entry,
+                 so one lookup per call)
   tc refused     ``try_acquire`` on a spent key (1/hour): the refusal path
   tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
   tc stacked     ``try_acquire`` charged to a token and its account at once (``also=``):
@@ -25,7 +28,10 @@ CPU frequency, the log growing) hits every candidate alike:
 each first in 1 worker process, then in 2 worker processes that hit the same key at
 once (the workers start every batch together, at a barrier). It prints p50 / p99
 latency per decision and decisions per second, then Redis memory per logged call
-after 5000 admitted calls (``MEMORY USAGE`` summed over every key written).
+after 5000 admitted calls (``MEMORY USAGE`` summed over every key written), and the
+server's own time per decision, each candidate alone (``INFO commandstats``: the time
+of its script calls, which includes the commands they run; ``INFO cpu``: the server
+process's CPU, network included).
 
     python benchmarks/bench_decision.py            # about 3 s per candidate and phase
     python benchmarks/bench_decision.py --quick    # a smoke run, well under 20 s
@@ -50,6 +56,7 @@ import redis
 CANDIDATES: list[tuple[str, bool]] = [
     ("floor", True),
     ("tc try_acquire", True),
+    ("tc 2 rates+gap", True),
     ("tc refused", False),
     ("tc acquire", True),
     ("tc stacked", True),
@@ -104,6 +111,15 @@ def build(name: str, url: str) -> Callable[[], object]:
                 namespace="bench-calendar",
             )
             return lambda: daily.try_acquire("token-calendar").allowed
+        if name == "tc 2 rates+gap":
+            two = Limiter(
+                backend,
+                rates=[Rate(HIGH, 3600), Rate(HIGH, 1)],
+                min_interval=1e-6,
+                margin=0,
+                namespace="bench-two",
+            )
+            return lambda: two.try_acquire("token-two").allowed
         if name == "tc learn":
             decision = limiter.acquire("token-learn")
             stricter = {"X-RateLimit-Remaining": str(HIGH // 2), "X-RateLimit-Reset": "60"}
@@ -241,9 +257,23 @@ def memory_per_call(url: str) -> dict[str, float]:
         out[name] = used / MEMORY_ENTRIES
 
     from throttle_client import Limiter, RedisBackend
+    from throttle_client.testing import FakeClock
 
+    # Paced as the rate allows (an injected clock, 0.72 s per call): a log filled over an
+    # hour, whose call ids (kept 5 s after their slot) are mostly gone.
+    clock = FakeClock()
+    paced = Limiter(
+        RedisBackend(client(url)), rates=[rate_text], namespace="bench-memory", clock=clock
+    )
+
+    def paced_call() -> bool:
+        clock.advance(3600 / MEMORY_ENTRIES)
+        return paced.try_acquire("token-memory").allowed
+
+    measure("throttle_client", paced_call)
+    # All at once, as the peers are measured: every call's id is still kept beside it.
     limiter = Limiter(RedisBackend(client(url)), rates=[rate_text], namespace="bench-memory")
-    measure("throttle_client", lambda: limiter.try_acquire("token-memory").allowed)
+    measure("tc, at once", lambda: limiter.try_acquire("token-memory").allowed)
 
     from limits import parse
     from limits.storage import RedisStorage
@@ -265,11 +295,39 @@ def memory_per_call(url: str) -> dict[str, float]:
     return out
 
 
+SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
+
+
+def server_time(url: str, names: list[str], calls: int) -> dict[str, dict[str, float]]:
+    """Redis's own time per decision, one candidate at a time after a warm-up."""
+    conn = client(url)
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        call = build(name, url)
+        for _ in range(200):
+            call()
+        conn.config_resetstat()
+        cpu = conn.info("cpu")
+        for _ in range(calls):
+            call()
+        after = conn.info("cpu")
+        stats = conn.info("commandstats")
+        script = sum(stats[c]["usec"] for c in SCRIPT_CALLS if c in stats)
+        used = sum(after[k] - cpu[k] for k in ("used_cpu_sys", "used_cpu_user"))
+        out[name] = {"script_us": script / calls, "cpu_us": used * 1e6 / calls}
+    conn.close()
+    return out
+
+
 def processes(n: int) -> str:
     return f"{n} process" + ("es" if n > 1 else "")
 
 
-def render(phases: dict[int, dict[str, dict[str, float]]], memory: dict[str, float]) -> str:
+def render(
+    phases: dict[int, dict[str, dict[str, float]]],
+    memory: dict[str, float],
+    server: dict[str, dict[str, float]],
+) -> str:
     counts = sorted(phases)
     lines = [
         f"{'':<16}" + "".join(f"{f'-- {processes(n)} --':^27}   " for n in counts),
@@ -308,7 +366,20 @@ def render(phases: dict[int, dict[str, dict[str, float]]], memory: dict[str, flo
                     "calls did not get the expected answer"
                 )
     lines.append("")
-    lines.append(f"Redis memory per logged call, {MEMORY_ENTRIES} calls in one key's log:")
+    lines.append("Redis's own time per decision, each candidate alone (µs):")
+    lines.append(f"  {'candidate':<16}{'scripts':>9}{'cpu':>9}")
+    for name, _ in CANDIDATES:
+        lines.append(f"  {name:<16}{server[name]['script_us']:>9.1f}{server[name]['cpu_us']:>9.1f}")
+    ours, peer = server["tc 2 rates+gap"]["script_us"], server["limits"]["script_us"]
+    lines.append(
+        f"target: tc 2 rates+gap's script time is {ours / peer:.2f}x limits' moving window "
+        f"(target <= 1.00x: {'met' if ours <= peer else 'MISSED'})"
+    )
+    lines.append("")
+    lines.append(
+        f"Redis memory per logged call, {MEMORY_ENTRIES} calls in one key's log "
+        "(throttle_client: paced over an hour; at once: within ~2 s, ids kept):"
+    )
     for name, size in memory.items():
         lines.append(f"  {name:<16}{size:>7.1f} bytes")
     return "\n".join(lines)
@@ -337,6 +408,7 @@ def main() -> None:
         version = client(server.url).info("server")["redis_version"]
         phases = {n: run_phase(server.url, names, n, opts.seconds, opts.batch) for n in (1, 2)}
         memory = memory_per_call(server.url)
+        own = server_time(server.url, names, 500 if opts.quick else 5000)
 
     print(
         f"redis-server {version} on loopback; Python {platform.python_version()}, "
@@ -344,11 +416,18 @@ def main() -> None:
         f"{opts.seconds:g} s per candidate and phase in {opts.batch:g} s interleaved batches"
     )
     print()
-    print(render(phases, memory))
+    print(render(phases, memory, own))
     if opts.json:
         with open(opts.json, "w") as out:
             json.dump(
-                {"phases": phases, "memory_bytes_per_call": memory, "redis": version}, out, indent=2
+                {
+                    "phases": phases,
+                    "memory_bytes_per_call": memory,
+                    "server_us": own,
+                    "redis": version,
+                },
+                out,
+                indent=2,
             )
 
 

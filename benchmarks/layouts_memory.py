@@ -35,11 +35,14 @@ def main() -> None:
         time.sleep(0.5)
         r = redis.Redis(port=port)
         layouts = {
-            "today: s<cum> (score slot) and c<id> (score -cum)": lambda i: {
+            "before issue 13: s<cum> (score slot) and c<id> (score -cum)": lambda i: {
                 f"s{i:015d}": T0 + i * 1000,
                 "c" + call_id(): -i,
             },
             "one member: the running total (score slot)": lambda i: {str(i): T0 + i * 1000},
+            "one member: the running total, 6 bytes (issue 13's layout)": lambda i: {
+                i.to_bytes(6, "big"): T0 + i * 1000
+            },
             "one member: the call id (score slot)": lambda i: {call_id(): T0 + i * 1000},
             "one member: 6 chars of the id + the total": lambda i: {
                 call_id()[:6] + str(i): T0 + i * 1000
