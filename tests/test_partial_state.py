@@ -235,6 +235,22 @@ def test_a_lost_meta_is_rebuilt_from_the_log(
     assert run.key in warning and "meta was lost or unreadable" in warning
 
 
+def test_a_repaired_log_then_a_lost_meta_never_over_use(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    """The log lost and repaired (all its units in one entry), then the meta lost: the
+    meta rebuilt from that one entry must not take it for a call of at most the smallest
+    limit. (It did, and a minute then held 68 calls against 40.)"""
+    run = Run(store.backend, rates=[Rate(10, 1), Rate(40, 60)], gap=0)
+    run.acquire_many(40)  # 40 in 4 s: the minute is full
+    run.lose(store, "log")
+    assert run.limiter.usage(TOKEN).rates[1].remaining == 0  # repairs: 40 units at last
+    run.lose(store, "meta")  # while that one entry is still in the minute
+    run.acquire_many(40)
+    run.windows_hold()
+    assert len(repairs(logging.WARNING)) == 1
+
+
 def test_an_unreadable_meta_is_rebuilt_from_the_log(
     store: Store, repairs: Callable[[int], list[str]]
 ) -> None:

@@ -9,13 +9,13 @@ Cluster hash slots, a wrong key type, and Redis 6.2.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 import os
 import re
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,23 @@ def test_a_retry_finds_its_slot_after_many_other_bookings(
     assert client.zscore(redis_keys(op.key)[0], "c" + op.call_id) == -first.slot_us - 1
 
 
+def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    """A stacked call's id lives in its first key's log, whose own horizon (1 s + 1 s of
+    slack) is shorter than the 5 s a retry may take: that key lives 5 s past the slot."""
+    token = Limiter(backend, margin=0, rates=["10/second"])  # the server's clock: real TTLs
+    account = Limiter(backend, margin=0, rates=["100/hour"], namespace="acct")
+    op = token._acquire_op(TOKEN, 1, 0, time.monotonic(), also=[(account, "account-42")])
+    assert op.now_us is None
+    first = backend.execute(op)
+    time.sleep(2.3)  # past the first key's 2 s, within the id's 5 s
+    assert client.pttl(redis_keys(op.charges[0].key)[0]) > 0
+    again = backend.execute(op)
+    assert again.allowed and again.slot_us == first.slot_us
+    assert account.usage("account-42").rates[0].used == 1  # booked once, not twice
+
+
 def test_call_ids_go_once_no_retry_can_come(backend: RedisBackend, client: redis.Redis) -> None:
     clock = FakeClock()
     limiter = Limiter(backend, margin=0, rates=["5/hour"], clock=clock)
@@ -290,11 +307,12 @@ def test_call_ids_go_once_no_retry_can_come(backend: RedisBackend, client: redis
     assert limiter.usage(TOKEN).rates[0].used == 2
 
 
-def test_a_key_of_the_older_layout_is_replaced_by_a_stall_never_over_use(
+def test_a_key_of_the_older_layout_is_rewritten_entry_for_entry(
     backend: RedisBackend, client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A key written by the version before this layout (two members per call, meta
-    "tc1"): its units are all counted at its newest slot, as for a lost log."""
+    "tc1") is rewritten in this one by the first call that finds it: the same slots and
+    running totals, so the same decisions; its old call ids go."""
     clock = FakeClock()
     limiter = Limiter(backend, margin=0, rates=["5/second"], clock=clock)
     log, meta = redis_keys(limiter.store_key(TOKEN))
@@ -302,25 +320,45 @@ def test_a_key_of_the_older_layout_is_replaced_by_a_stall_never_over_use(
     for cum in range(1, 6):  # 5 calls, 0.1 s apart, the older way
         slot = t0 + (cum - 1) * 100_000
         client.zadd(log, {f"s{cum:015d}": slot, f"cold{cum}": -cum})
-    last = t0 + 400_000
     client.eval(
         "redis.call('SET', KEYS[1], cmsgpack.pack('tc1', tonumber(ARGV[1]), 5, 0, 0,"
         " tonumber(ARGV[2]), tonumber(ARGV[1]) + 2000000, 0, 0, 0, 0, tonumber(ARGV[2])),"
         " 'PX', 60000)",
         1,
         meta,
-        last,
+        t0 + 400_000,
         t0,
     )
     client.pexpire(log, 60000)
-    clock.advance(1.05)  # the first old call has left the window, not the newest
+    clock.advance(1.05)  # the first old call has left the second: one unit is free
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
-        refused = limiter.try_acquire(TOKEN)
-    assert not refused.allowed and refused.retry_after == pytest.approx(0.35, abs=1e-6)
-    assert any("repaired" in r.getMessage() for r in caplog.records)
-    assert client.zcount(log, "-inf", -1) == 0  # the older ids went with the older log
-    clock.advance(0.35)
-    assert [limiter.try_acquire(TOKEN).allowed for _ in range(6)] == [True] * 5 + [False]
+        assert limiter.try_acquire(TOKEN).allowed
+    refused = limiter.try_acquire(TOKEN)  # the second old call leaves at t0 + 1.1 s
+    assert not refused.allowed and refused.retry_after == pytest.approx(0.05, abs=1e-6)
+    [message] = [r.getMessage() for r in caplog.records if "repaired" in r.getMessage()]
+    assert "older version" in message
+    assert client.zscore(log, "cold1") is None  # the old ids went
+    assert client.zcount(log, 0, "+inf") == 6  # 5 rewritten entries and the new one
+    assert limiter.usage(TOKEN).rates[0].used == 5
+
+
+def test_an_older_repaired_entry_is_not_taken_for_one_call(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    """An older-layout log with no meta whose oldest entry was made by a repair (id
+    "c:repaired"): the rebuilt summary counts every unit before it."""
+    clock = FakeClock()
+    limiter = Limiter(backend, margin=0, rates=["5/second", "8/minute"], clock=clock)
+    log, _ = redis_keys(limiter.store_key(TOKEN))
+    t0 = us(clock())
+    client.zadd(log, {"s000000000000007": t0, "c:repaired": -7})  # 7 units, one repair
+    client.zadd(log, {"s000000000000008": t0 + 100_000, "cold8": -8})
+    client.pexpire(log, 120_000)
+    clock.advance(2)
+    # 8 units in the minute: full. Taken for one call of at most 5 units, the repaired
+    # entry would leave 7 - 5 = 2 before it uncounted: 6 in the minute, and admitted.
+    assert not limiter.try_acquire(TOKEN).allowed
+    assert client.zcount(log, 0, "+inf") == 2
 
 
 def test_a_running_total_past_six_bytes_is_refused_clearly(

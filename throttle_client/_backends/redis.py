@@ -170,6 +170,8 @@ _REPAIRED: dict[bytes | str, str] = {
     b"repaired:meta": "meta",
     "repaired:log": "log",
     "repaired:meta": "meta",
+    b"repaired:older": "older",
+    "repaired:older": "older",
 }
 
 

@@ -368,10 +368,13 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
 #   expired, not a loss.
 
 
-def rebuilt_base(oldest_cum: int, quota: Quota) -> int:
+def rebuilt_base(oldest_cum: int, quota: Quota, *, repaired: bool = False) -> int:
     """``base`` for a log whose summary is lost, from the running total at its oldest
     entry: that entry cost at most the smallest limit (a larger cost is never admitted),
-    so this counts too much, never too little."""
+    so this counts too much, never too little. An entry made by a repair (all of a lost
+    log's units at one slot) may hold any number of units: then 0."""
+    if repaired:
+        return 0
     return max(0, oldest_cum - min(limit for limit, _ in quota.limits))
 
 
@@ -385,6 +388,9 @@ REPAIRS = {
     "now counted at its newest slot, so it may wait up to its longest period after that slot",
     "meta": "its meta was lost or unreadable; it was rebuilt from the log, counting "
     "conservatively, and any pause in force was lost",
+    "older": "it was written by an older version's Redis layout and is rewritten in this "
+    "one, entry for entry; the call ids it held are dropped, so a retry begun before the "
+    "upgrade books a new slot",
 }
 
 

@@ -111,7 +111,7 @@ _META = (
     "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
-_OLDEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot, cum LIMIT 1"
+_OLDEST = "SELECT slot, cum, call_id FROM tc_entries WHERE key = ? ORDER BY slot, cum LIMIT 1"
 _SLOT_OF = "SELECT slot FROM tc_entries WHERE key = ? AND call_id = ?"
 _TIME_AT_CUM = "SELECT slot FROM tc_entries WHERE key = ? AND cum >= ? ORDER BY cum LIMIT 1"
 _CUM_THROUGH = (
@@ -240,7 +240,8 @@ class _SQLiteLog:
             else:
                 oldest = self.db.execute(_OLDEST, (self.key,)).fetchone()
                 self.last, self.total = newest
-                self.base = sliding_log.rebuilt_base(oldest[1], quota)
+                repaired = oldest[2] == _REPAIRED_ID
+                self.base = sliding_log.rebuilt_base(oldest[1], quota, repaired=repaired)
         self.dirty = True
         self.expire_at(max(now, self.last or 0, self.pause_until) + quota.horizon_us)
         return lost

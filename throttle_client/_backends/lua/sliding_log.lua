@@ -51,7 +51,8 @@
 -- A part of the key that is lost (L or M) or unreadable (M) is rebuilt, conservatively,
 -- by whichever call finds it so (see "Partial state" below); that call's reply is led
 -- by the word "repaired:log" or "repaired:meta" (acquire_all: "repaired:log:2" names its
--- second key), so that the client can say so.
+-- second key), or "repaired:older" for a log rewritten from the older layout, so that
+-- the client can say so.
 
 if redis.replicate_commands then
   redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
@@ -183,10 +184,42 @@ end
 -- cannot read. Whatever is missing is rebuilt here, in this atomic step, so that the
 -- slot arithmetic never admits a call the lost state would have refused. A key of the
 -- wrong type is not repaired: the GET or ZREVRANGEBYSCORE on it fails, and stays an error.
--- A key of the older layout ("tc1": two members per call, "s%015d" and "c<call id>") is
--- read as far as it can be and its log replaced as if lost: a stall, never over-use.
+--
+-- An entry made by a repair holds every lost unit, more than any call may cost: its
+-- member is marked, entry(total) .. 'r' (7 bytes), so that a summary rebuilt from the
+-- log later does not take it for an entry of at most the smallest limit.
+local function collapsed(cum)
+  return entry(cum) .. 'r'
+end
+
+-- A log of the older layout ("tc1": two members per call, "s%015d" by slot and
+-- "c<call id>" by -(running total)) is rewritten in this layout, entry for entry, in the
+-- step that first finds it; its ids go (a retry across an upgrade books anew). Its
+-- repaired entry (id "c:repaired") stays marked as one. Returns the oldest slot (-1: no
+-- entry) and the running total of the newest entry that cost more than 1 (or whose cost
+-- is unknown: the oldest, when `base` is not known).
+local function convert(log, base)
+  local old = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES')
+  local mended = redis.call('ZSCORE', log, 'c:repaired')
+  mended = mended and -tonumber(mended)
+  redis.call('DEL', log)
+  local args, wcum, before = {}, 0, base
+  for i = 1, #old, 2 do
+    local cum = tonumber(string.sub(old[i], 2))
+    args[#args + 1] = old[i + 1]
+    args[#args + 1] = cum == mended and collapsed(cum) or entry(cum)
+    if not before or cum - before > 1 or cum == mended then wcum = cum end
+    before = cum
+    if #args >= 2000 or i + 1 >= #old then -- (unpack's limit on arguments)
+      redis.call('ZADD', log, unpack(args))
+      args = {}
+    end
+  end
+  return old[2] and tonumber(old[2]) or -1, wcum
+end
+
 local function total_in(member) -- a member of either layout (the older: "s" .. 15 digits)
-  if #member == 6 then return total_of(member) end
+  if #member < 16 then return total_of(member) end
   return tonumber(string.sub(member, 2)), true
 end
 
@@ -215,10 +248,14 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     -- Nothing tells when the lost units were admitted, so all of them are put at the
     -- newest slot: a rate that they fill waits until that slot + its period. A stall of at
     -- most one period after the last slot, never over-use.
-    if older then redis.call('DEL', log) end
-    if k.first >= 0 and (older or redis.call('EXISTS', log) == 0) then
+    if older then -- (a log lost as well is repaired next, from what M says)
+      local first, wcum = convert(log, k.base)
+      if first >= 0 then k.first, k.wcum = first, wcum end
+      k.idold, fixed = -1, 'older'
+    end
+    if k.first >= 0 and redis.call('EXISTS', log) == 0 then
       if k.total > k.base and k.last + q.horizon > now then
-        redis.call('ZADD', log, format('%d', k.last), entry(k.total))
+        redis.call('ZADD', log, format('%d', k.last), collapsed(k.total))
         k.first, k.wcum, k.idold, fixed = k.last, k.total, -1, 'log'
       else -- no window reaches the lost entries any more: no loss, an empty log
         k.first, k.base = -1, k.total
@@ -228,20 +265,18 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     -- No readable M: a new key, or M lost. If L still holds an entry that matters, M is
     -- rebuilt from it: last and total from the newest entry, first from the oldest, and
     -- base from the oldest's running total less the smallest limit (that entry cost no
-    -- more than that: this counts too much, never too little). A pause in force is lost.
+    -- more than that: this counts too much, never too little), or 0 if the oldest was
+    -- made by a repair (it may hold any number of units). A pause in force is lost.
     -- Costs are unknown: every entry up to the total counts as weighted (wcum).
     local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
     if newest[1] and tonumber(newest[2]) + q.horizon > now then
+      local _, older = total_in(newest[1])
+      if older then convert(log, nil) end
+      newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
       local oldest = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      k.last, k.first = tonumber(newest[2]), tonumber(oldest[2])
-      k.total, older = total_in(newest[1])
-      k.base = math.max(0, total_in(oldest[1]) - q.smallest)
+      k.last, k.first, k.total = tonumber(newest[2]), tonumber(oldest[2]), total_of(newest[1])
+      k.base = #oldest[1] == 7 and 0 or math.max(0, total_of(oldest[1]) - q.smallest)
       k.wcum, k.idold, fixed = k.total, 0, 'meta' -- (0: any ids there go at the next booking)
-      if older then -- its log is replaced: every unit counted at the newest slot
-        redis.call('DEL', log)
-        redis.call('ZADD', log, format('%d', k.last), entry(k.total))
-        k.first, k.idold = k.last, -1
-      end
     else -- nothing in L can matter any more (or there is no L): a fresh start
       redis.call('DEL', log)
     end
@@ -441,7 +476,10 @@ local function book(k, slot, cost, id)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
     k.first = tonumber(redis.call('ZRANGEBYSCORE', k.log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
   end
-  save(k, math.max(slot, k.pause) + k.q.horizon, fresh)
+  -- The key lives while what matters does, and while its id may still be asked for.
+  local needed = math.max(slot, k.pause) + k.q.horizon
+  if id and slot + KEEP_IDS > needed then needed = slot + KEEP_IDS end
+  save(k, needed, fresh)
   return true
 end
 
@@ -576,6 +614,8 @@ if op == 'acquire_all' or op == 'lease' then
   for i = 1, n do
     keys[i] = open(quotas[i].log, quotas[i].meta, quotas[i], i)
     if keys[i].pause > pause then pause = keys[i].pause end
+    local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
+    if problem then return fail(problem .. ' for key #' .. i) end
   end
   local function remaining_all(point, out)
     for i = 1, n do remaining_at(keys[i], point, out) end
@@ -660,10 +700,6 @@ if op == 'acquire_all' or op == 'lease' then
   if max_wait >= 0 and slot - now > max_wait then
     for _, lk in ipairs(capped) do touch(lk) end
     return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
-  end
-  for i = 1, n do
-    local problem = past_totals(keys[i], costs[i])
-    if problem then return fail(problem .. ' for key #' .. i) end
   end
   local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
   if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
