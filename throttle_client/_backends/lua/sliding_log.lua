@@ -17,7 +17,7 @@
 --            it makes a meta afresh; wcum: the running total of the newest entry that cost
 --            more than 1; idold: the slot of the oldest call id in L, -1 for none). A
 --            "tc1" meta is an older version's layout (two members per call, kept as
---            long as the entries): its log is replaced, see open().
+--            long as the entries): its log is rewritten in this one, see convert().
 --            L and M are given one TTL together.
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
