@@ -307,6 +307,25 @@ def test_call_ids_go_once_no_retry_can_come(backend: RedisBackend, client: redis
     assert limiter.usage(TOKEN).rates[0].used == 2
 
 
+def test_a_key_filled_in_a_burst_drops_its_ids_while_it_refuses(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    """Refused calls book nothing, but the ids of a burst go once past their time."""
+    clock = FakeClock()
+    limiter = Limiter(backend, margin=0, rates=["50/hour"], clock=clock)
+    assert all(limiter.try_acquire(TOKEN).allowed for _ in range(50))
+    log = redis_keys(limiter.store_key(TOKEN))[0]
+    assert client.zcount(log, "-inf", -1) == 50
+    clock.advance(9)
+    assert not limiter.try_acquire(TOKEN).allowed
+    assert client.zcount(log, "-inf", -1) == 50  # not 10 s old yet: a batch waits
+    clock.advance(2)
+    assert not limiter.try_acquire(TOKEN).allowed
+    assert client.zcount(log, "-inf", -1) == 0
+    assert client.zcount(log, 0, "+inf") == 50 and limiter.usage(TOKEN).rates[0].used == 50
+    assert client.pttl(log) > 3_000_000  # the hour's entries keep their TTL
+
+
 def test_a_key_of_the_older_layout_is_rewritten_entry_for_entry(
     backend: RedisBackend, client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

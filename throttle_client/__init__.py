@@ -34,7 +34,7 @@ from ._transport import (
     ThrottledTransport,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AsyncBackend",

@@ -428,12 +428,19 @@ local function booked(k, id) -- the slot an earlier attempt of this call booked,
   return score and -tonumber(score) - 1
 end
 
-local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time
+local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time; true if any went
   if k.idold >= 0 and k.idold < now - 2 * KEEP_IDS then
     redis.call('ZREMRANGEBYSCORE', k.log, format('(%d', -(now - KEEP_IDS) - 1), -1)
     local oldest = redis.call('ZREVRANGEBYSCORE', k.log, -1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
     k.idold = oldest and -tonumber(oldest) - 1 or -1
+    return true
   end
+end
+
+-- A refused acquire books nothing, but drops the ids past their time: a key filled in a
+-- burst and then refused would otherwise keep the burst's ids until it expires.
+local function tidy(k)
+  if drop_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
 end
 
 local function bad_id(id)
@@ -699,7 +706,8 @@ if op == 'acquire_all' or op == 'lease' then
   until not moved
   if max_wait >= 0 and slot - now > max_wait then
     for _, lk in ipairs(capped) do touch(lk) end
-    return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing written
+    for i = 1, n do tidy(keys[i]) end
+    return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
   end
   local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
   if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
@@ -740,7 +748,8 @@ if op == 'acquire' then
   if max_wait >= 0 and slot - now > max_wait then
     local earlier = booked(k, id)
     if earlier then return admitted(earlier) end
-    return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing written
+    tidy(k)
+    return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
   end
   problem = past_totals(k, cost)
   if problem then return fail(problem) end
