@@ -39,6 +39,7 @@ from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import FakeClock, RedisServer
 
 TOKEN = "EAAB-very-secret-access-token-5f3c"
+ROOT = Path(__file__).resolve().parent.parent
 US = 1_000_000
 
 
@@ -518,6 +519,103 @@ def each_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     server = started(RedisServer(binary=BINARIES[request.param]))
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def redis7() -> Iterator[RedisServer]:
+    """A private Redis 7 (functions): the machine's, which the CI image has."""
+    sevens = [binary for version, binary in BINARIES.items() if int(version.split(".")[0]) >= 7]
+    assert sevens, f"no redis-server >= 7 at hand to run FCALL on: {BINARIES}"
+    server = started(RedisServer(binary=sevens[0]))
+    yield server
+    server.close()
+
+
+def script_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {
+        name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+        for name in ("fcall", "evalsha", "function|load", "script|load")
+    }
+
+
+def test_redis_7_runs_the_script_as_a_function_and_survives_a_flush(redis7: RedisServer) -> None:
+    client = redis.Redis.from_url(redis7.url)
+    client.flushall()
+    client.function_flush()
+    client.config_resetstat()
+    clock = FakeClock()
+    with RedisBackend(redis7.url) as backend:
+        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=clock)
+        assert limiter.try_acquire(TOKEN).allowed
+        client.function_flush()  # as a failover to a server without it would
+        assert limiter.try_acquire(TOKEN).allowed
+        assert not limiter.try_acquire(TOKEN).allowed
+    calls = script_calls(client)
+    assert calls["evalsha"] == 0 and calls["script|load"] == 0
+    assert calls["fcall"] == 5  # 3 decisions, 2 of them after a "Function not found"
+    assert calls["function|load"] == 2
+    client.close()
+
+
+def test_a_user_who_may_not_call_functions_gets_the_script(redis7: RedisServer) -> None:
+    """An ACL written for EVALSHA (the README's list before functions) keeps working."""
+    admin = redis.Redis.from_url(redis7.url)
+    admin.flushall()
+    admin.acl_setuser(
+        "evalsha-only",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["tc:*"],
+        commands=[
+            "-@all",
+            "+evalsha",
+            "+script|load",
+            "+ping",
+            "+time",
+            "+get",
+            "+set",
+            "+del",
+            "+exists",
+            "+pexpire",
+            "+zadd",
+            "+zrem",
+            "+zscore",
+            "+zrange",
+            "+zrangebyscore",
+            "+zrevrangebyscore",
+            "+zremrangebyscore",
+        ],
+    )
+    admin.config_resetstat()
+    url = redis7.url.replace("redis://", "redis://evalsha-only:pw@")
+    with RedisBackend(url) as backend:
+        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    calls = script_calls(admin)
+    assert calls["evalsha"] >= 3 and calls["fcall"] == 0  # refused before it ran: no call
+    admin.acl_deluser("evalsha-only")
+    admin.close()
+
+
+def test_the_documented_acl_with_its_redis_7_line_runs_functions(redis7: RedisServer) -> None:
+    lines = re.findall(r"^ACL SETUSER .+$", (ROOT / "README.md").read_text(), re.MULTILINE)
+    assert len(lines) == 2 and lines[1].split()[3:] == ["+fcall", "+function|load"]
+    admin = redis.Redis.from_url(redis7.url)
+    admin.flushall()
+    admin.function_flush()
+    for line in lines:
+        user, *rules = line.split()[2:]
+        admin.execute_command("ACL", "SETUSER", user, *(">pw" if r[0] == ">" else r for r in rules))
+    admin.config_resetstat()
+    url = redis7.url.replace("redis://", f"redis://{user}:pw@")
+    with RedisBackend(url) as backend:
+        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    calls = script_calls(admin)
+    assert calls["fcall"] == 4 and calls["function|load"] == 1 and calls["evalsha"] == 0
+    admin.acl_deluser(user)
+    admin.close()
 
 
 def test_each_redis_version_follows_the_semantics(each_redis: RedisServer) -> None:

@@ -54,11 +54,11 @@
 -- second key), or "repaired:older" for a log rewritten from the older layout, so that
 -- the client can say so.
 
-if redis.replicate_commands then
-  redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
-end
-
-local format = string.format
+-- The chunk only defines; run() does the work. So the same text is a script for EVALSHA
+-- (its last line runs it) and, on Redis >= 7, a function library for FCALL (the backend
+-- replaces that line with a registration), whose functions are then defined once, at
+-- load, not on every call; a library's top level may not read globals such as `string`.
+local format -- string.format, bound by run()
 
 local function fail(message)
   return redis.error_reply('ERR throttle_client: ' .. message)
@@ -81,20 +81,7 @@ local function reply(values, word) -- integers, formatted with %d: never 1.7e+15
   return text
 end
 
-local op = ARGV[1]
-if op == 'reset' then
-  redis.call('DEL', unpack(KEYS)) -- the log, the meta, and a capped key's lease keys
-  return '1'
-end
-
-local now
-if ARGV[3] == '-' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = whole(ARGV[3], 0)
-  if not now then return fail('bad time ' .. tostring(ARGV[3])) end
-end
+local now -- this call's time (µs): the server's, or the one a test passes
 
 -- A calendar rate's windows (sliding_log.py, "calendar rates"; base.Windows), read from
 -- its msgpack [keep_from, margin, start, end, start, end, ...]: {keep, margin, starts,
@@ -547,279 +534,301 @@ local function read_cap(cap, ttl) -- a cap (0: none) and a lease TTL (µs), chec
   return cap, ttl
 end
 
-if op == 'release' or op == 'renew' then
-  -- KEYS: H, Q, A per capped key; ARGV: op, -, now, lease id, then cap, ttl per key.
-  local id, n = ARGV[4], #KEYS / 3
-  if not id or id == '' then return fail('missing lease id') end
-  if n < 1 or n % 1 ~= 0 or #ARGV ~= 4 + 2 * n then return fail('bad keys for ' .. op) end
-  local lks = {}
-  for i = 1, n do
-    local cap, ttl = read_cap(ARGV[3 + 2 * i], ARGV[4 + 2 * i])
-    if not cap or cap < 1 then return fail('bad cap for key #' .. i) end
-    lks[i] = lease_key(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], cap, ttl)
+-- One operation, from its keys and arguments (KEYS and ARGV of the script).
+local function run(keys, argv)
+  if redis.replicate_commands then
+    redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
   end
-  local kept = 1
-  for i = 1, n do
-    local lk = lks[i]
-    if op == 'release' then
-      if redis.call('ZREM', lk.hold, id) == 1 then lk.written = true end
-      dequeue(lk, id)
-      settle(lk)
-    else
-      settle(lk)
-      if not redis.call('ZSCORE', lk.hold, id) then
-        kept = 0 -- in flight all the same: held again, even over the cap
-        dequeue(lk, id)
-      end
-      hold(lk, id, now + lk.ttl)
-    end
-    touch(lk)
+  format, repaired = string.format, nil
+  local op = argv[1]
+  if op == 'reset' then
+    redis.call('DEL', unpack(keys)) -- the log, the meta, and a capped key's lease keys
+    return '1'
   end
-  return format('%d', kept)
-end
+  if argv[3] == '-' then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  else
+    now = whole(argv[3], 0)
+    if not now then return fail('bad time ' .. tostring(argv[3])) end
+  end
 
-if op == 'acquire_all' or op == 'lease' then
-  -- 'lease' is a capped call: ARGV[7] is its lease id: per key, ARGV gives quota, cost, cap
-  -- (0: none) and lease TTL, and KEYS give a capped key's H, Q, A after its L and M.
-  local max_wait, id, lead = whole(ARGV[4], -1), ARGV[5], whole(ARGV[6], 0)
-  local mark_us = ARGV[2] == '-' and -1 or whole(ARGV[2], 0) -- Acquire.mark_us, first key
-  if not mark_us then return fail('bad mark') end
-  if not max_wait then return fail('bad max wait') end
-  if bad_id(id) then return fail(bad_id(id)) end
-  if not lead then return fail('bad lead') end
-  local lease = op == 'lease' and ARGV[7]
-  local per, first_arg = 2, 7
-  if lease then per, first_arg = 4, 8 end
-  local n = (#ARGV - first_arg + 1) / per
-  if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
-  -- Everything is checked before the first write: a script that fails half-way is
-  -- not rolled back.
-  local quotas, costs, lks, at = {}, {}, {}, 1
-  for i = 1, n do
-    local arg = first_arg + per * (i - 1)
-    local q, problem = read_quota(ARGV[arg])
-    if not q then return fail(problem .. ' for key #' .. i) end
-    local cost = whole(ARGV[arg + 1], 1)
-    if not cost then return fail('bad cost for key #' .. i) end
-    problem = check_cost(q, cost)
-    if problem then return fail(problem .. ' for key #' .. i) end
-    quotas[i], costs[i] = q, cost
-    local log_key, meta_key = KEYS[at], KEYS[at + 1]
-    at = at + 2
-    if lease then
-      local cap, ttl = read_cap(ARGV[arg + 2], ARGV[arg + 3])
-      if not cap then return fail('bad cap for key #' .. i) end
-      if cap > 0 then
-        lks[i] = lease_key(KEYS[at], KEYS[at + 1], KEYS[at + 2], cap, ttl)
-        at = at + 3
-      end
+  if op == 'release' or op == 'renew' then
+    -- keys: H, Q, A per capped key; argv: op, -, now, lease id, then cap, ttl per key.
+    local id, n = argv[4], #keys / 3
+    if not id or id == '' then return fail('missing lease id') end
+    if n < 1 or n % 1 ~= 0 or #argv ~= 4 + 2 * n then return fail('bad keys for ' .. op) end
+    local lks = {}
+    for i = 1, n do
+      local cap, ttl = read_cap(argv[3 + 2 * i], argv[4 + 2 * i])
+      if not cap or cap < 1 then return fail('bad cap for key #' .. i) end
+      lks[i] = lease_key(keys[3 * i - 2], keys[3 * i - 1], keys[3 * i], cap, ttl)
     end
-    quotas[i].log, quotas[i].meta = log_key, meta_key
-  end
-  if at ~= #KEYS + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
-  local keys, pause = {}, 0
-  for i = 1, n do
-    keys[i] = open(quotas[i].log, quotas[i].meta, quotas[i], i)
-    if keys[i].pause > pause then pause = keys[i].pause end
-    local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
-    if problem then return fail(problem .. ' for key #' .. i) end
-  end
-  local function remaining_all(point, out)
-    for i = 1, n do remaining_at(keys[i], point, out) end
-    return out
-  end
-  local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
-    local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
-    if mark_us >= 0 then -- it may be trimmed since); MARK BORN
-      out[#out + 1] = marked or -1
-      out[#out + 1] = marked and keys[1].born or -1
-    end
-    return reply(out)
-  end
-  local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
-  if earlier then return admitted(earlier) end
-  -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
-  -- there is room and no one queued ahead of it.
-  local full, capped = {}, {}
-  for i = 1, n do
-    local lk = lks[i]
-    if lk then
-      capped[#capped + 1] = lk
-      settle(lk)
-      if not redis.call('ZSCORE', lk.hold, lease) then
-        local first = head(lk)
-        if redis.call('ZCARD', lk.hold) >= lk.cap or (first and first ~= lease) then
-          full[lk] = true
-        end
-      end
-    end
-  end
-  if next(full) then
-    local hint = nil
-    for lk in pairs(full) do
-      local e = redis.call('ZRANGE', lk.hold, 0, 0, 'WITHSCORES')[2]
-      if e and (not hint or tonumber(e) < hint) then hint = tonumber(e) end
-    end
-    hint = hint or now
-    if max_wait == 0 then -- try: refused (4: for a full cap), and nothing of it is written
-      for _, lk in ipairs(capped) do touch(lk) end
-      return reply(remaining_all(now, {4, now, hint, pause}))
-    end
-    local number = 0
-    for _, lk in ipairs(capped) do
-      local newest = redis.call('ZRANGE', lk.queue, -1, -1, 'WITHSCORES')[2]
-      if newest and tonumber(newest) > number then number = tonumber(newest) end
-    end
-    number = number + 1
-    local at_head = 3
-    for _, lk in ipairs(capped) do
-      if not full[lk] then -- served here: held for it while it waits elsewhere
-        dequeue(lk, lease)
-        hold(lk, lease, now + lk.ttl)
+    local kept = 1
+    for i = 1, n do
+      local lk = lks[i]
+      if op == 'release' then
+        if redis.call('ZREM', lk.hold, id) == 1 then lk.written = true end
+        dequeue(lk, id)
+        settle(lk)
       else
-        if not redis.call('ZSCORE', lk.queue, lease) then
-          redis.call('ZADD', lk.queue, format('%d', number), lease)
+        settle(lk)
+        if not redis.call('ZSCORE', lk.hold, id) then
+          kept = 0 -- in flight all the same: held again, even over the cap
+          dequeue(lk, id)
         end
-        redis.call('ZADD', lk.alive, format('%d', now + lk.ttl), lease)
-        lk.written = true
-        if head(lk) ~= lease then at_head = 2 end
+        hold(lk, id, now + lk.ttl)
       end
       touch(lk)
     end
-    return reply(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
+    return format('%d', kept)
   end
-  local slot = now + lead
-  for i = 1, n do
-    local earliest, missing = earliest_slot(keys[i], costs[i])
-    if not earliest then return stale(missing) end
-    slot = math.max(slot, earliest)
-  end
-  repeat -- a key's calendar windows may move the slot on: round again until it stays
-    local later = slot
+
+  if op == 'acquire_all' or op == 'lease' then
+    -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost, cap
+    -- (0: none) and lease TTL, and keys give a capped key's H, Q, A after its L and M.
+    local max_wait, id, lead = whole(argv[4], -1), argv[5], whole(argv[6], 0)
+    local mark_us = argv[2] == '-' and -1 or whole(argv[2], 0) -- Acquire.mark_us, first key
+    if not mark_us then return fail('bad mark') end
+    if not max_wait then return fail('bad max wait') end
+    if bad_id(id) then return fail(bad_id(id)) end
+    if not lead then return fail('bad lead') end
+    local lease = op == 'lease' and argv[7]
+    local per, first_arg = 2, 7
+    if lease then per, first_arg = 4, 8 end
+    local n = (#argv - first_arg + 1) / per
+    if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
+    -- Everything is checked before the first write: a script that fails half-way is
+    -- not rolled back.
+    local quotas, costs, lks, at = {}, {}, {}, 1
     for i = 1, n do
-      local fits, missing = calendar_slot(keys[i], slot, costs[i])
-      if not fits then return stale(missing) end
-      later = math.max(later, fits)
+      local arg = first_arg + per * (i - 1)
+      local q, problem = read_quota(argv[arg])
+      if not q then return fail(problem .. ' for key #' .. i) end
+      local cost = whole(argv[arg + 1], 1)
+      if not cost then return fail('bad cost for key #' .. i) end
+      problem = check_cost(q, cost)
+      if problem then return fail(problem .. ' for key #' .. i) end
+      quotas[i], costs[i] = q, cost
+      local log_key, meta_key = keys[at], keys[at + 1]
+      at = at + 2
+      if lease then
+        local cap, ttl = read_cap(argv[arg + 2], argv[arg + 3])
+        if not cap then return fail('bad cap for key #' .. i) end
+        if cap > 0 then
+          lks[i] = lease_key(keys[at], keys[at + 1], keys[at + 2], cap, ttl)
+          at = at + 3
+        end
+      end
+      quotas[i].log, quotas[i].meta = log_key, meta_key
     end
-    local moved = later ~= slot
-    slot = later
-  until not moved
-  if max_wait >= 0 and slot - now > max_wait then
-    for _, lk in ipairs(capped) do touch(lk) end
-    for i = 1, n do tidy(keys[i]) end
-    return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
+    if at ~= #keys + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
+    local keys, pause = {}, 0
+    for i = 1, n do
+      keys[i] = open(quotas[i].log, quotas[i].meta, quotas[i], i)
+      if keys[i].pause > pause then pause = keys[i].pause end
+      local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
+      if problem then return fail(problem .. ' for key #' .. i) end
+    end
+    local function remaining_all(point, out)
+      for i = 1, n do remaining_at(keys[i], point, out) end
+      return out
+    end
+    local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
+      local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
+      if mark_us >= 0 then -- it may be trimmed since); MARK BORN
+        out[#out + 1] = marked or -1
+        out[#out + 1] = marked and keys[1].born or -1
+      end
+      return reply(out)
+    end
+    local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
+    if earlier then return admitted(earlier) end
+    -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
+    -- there is room and no one queued ahead of it.
+    local full, capped = {}, {}
+    for i = 1, n do
+      local lk = lks[i]
+      if lk then
+        capped[#capped + 1] = lk
+        settle(lk)
+        if not redis.call('ZSCORE', lk.hold, lease) then
+          local first = head(lk)
+          if redis.call('ZCARD', lk.hold) >= lk.cap or (first and first ~= lease) then
+            full[lk] = true
+          end
+        end
+      end
+    end
+    if next(full) then
+      local hint = nil
+      for lk in pairs(full) do
+        local e = redis.call('ZRANGE', lk.hold, 0, 0, 'WITHSCORES')[2]
+        if e and (not hint or tonumber(e) < hint) then hint = tonumber(e) end
+      end
+      hint = hint or now
+      if max_wait == 0 then -- try: refused (4: for a full cap), and nothing of it is written
+        for _, lk in ipairs(capped) do touch(lk) end
+        return reply(remaining_all(now, {4, now, hint, pause}))
+      end
+      local number = 0
+      for _, lk in ipairs(capped) do
+        local newest = redis.call('ZRANGE', lk.queue, -1, -1, 'WITHSCORES')[2]
+        if newest and tonumber(newest) > number then number = tonumber(newest) end
+      end
+      number = number + 1
+      local at_head = 3
+      for _, lk in ipairs(capped) do
+        if not full[lk] then -- served here: held for it while it waits elsewhere
+          dequeue(lk, lease)
+          hold(lk, lease, now + lk.ttl)
+        else
+          if not redis.call('ZSCORE', lk.queue, lease) then
+            redis.call('ZADD', lk.queue, format('%d', number), lease)
+          end
+          redis.call('ZADD', lk.alive, format('%d', now + lk.ttl), lease)
+          lk.written = true
+          if head(lk) ~= lease then at_head = 2 end
+        end
+        touch(lk)
+      end
+      return reply(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
+    end
+    local slot = now + lead
+    for i = 1, n do
+      local earliest, missing = earliest_slot(keys[i], costs[i])
+      if not earliest then return stale(missing) end
+      slot = math.max(slot, earliest)
+    end
+    repeat -- a key's calendar windows may move the slot on: round again until it stays
+      local later = slot
+      for i = 1, n do
+        local fits, missing = calendar_slot(keys[i], slot, costs[i])
+        if not fits then return stale(missing) end
+        later = math.max(later, fits)
+      end
+      local moved = later ~= slot
+      slot = later
+    until not moved
+    if max_wait >= 0 and slot - now > max_wait then
+      for _, lk in ipairs(capped) do touch(lk) end
+      for i = 1, n do tidy(keys[i]) end
+      return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
+    end
+    local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
+    if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
+    for i = 2, n do book(keys[i], slot, costs[i]) end
+    for _, lk in ipairs(capped) do -- held through the sleep to its slot too
+      dequeue(lk, lease)
+      hold(lk, lease, math.max(slot, now) + lk.ttl)
+      touch(lk)
+    end
+    return admitted(slot, marked)
   end
-  local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
-  if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
-  for i = 2, n do book(keys[i], slot, costs[i]) end
-  for _, lk in ipairs(capped) do -- held through the sleep to its slot too
-    dequeue(lk, lease)
-    hold(lk, lease, math.max(slot, now) + lk.ttl)
-    touch(lk)
-  end
-  return admitted(slot, marked)
-end
 
-local q, problem = read_quota(ARGV[2])
-if not q then return fail(problem) end
-local k = open(KEYS[1], KEYS[2], q)
+  local q, problem = read_quota(argv[2])
+  if not q then return fail(problem) end
+  local k = open(keys[1], keys[2], q)
 
-if op == 'acquire' then
-  local cost, max_wait, id = whole(ARGV[4], 1), whole(ARGV[5], -1), ARGV[6]
-  local lead, mark_us = whole(ARGV[7] or 0, 0), whole(ARGV[8] or -1, -1)
-  if not cost then return fail('bad cost ' .. tostring(ARGV[4])) end
-  if not max_wait then return fail('bad max wait') end
-  if not lead or not mark_us then return fail('bad lead') end
-  problem = bad_id(id) or check_cost(q, cost)
-  if problem then return fail(problem) end
+  if op == 'acquire' then
+    local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
+    local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
+    if not cost then return fail('bad cost ' .. tostring(argv[4])) end
+    if not max_wait then return fail('bad max wait') end
+    if not lead or not mark_us then return fail('bad lead') end
+    problem = bad_id(id) or check_cost(q, cost)
+    if problem then return fail(problem) end
 
-  local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
-    local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
-    if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
+    local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
+      local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
+      if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
+      return reply(out)
+    end
+    local earliest, missing = earliest_slot(k, cost)
+    if not earliest then
+      local earlier = booked(k, id)
+      if earlier then return admitted(earlier) end
+      return stale(missing)
+    end
+    local slot = math.max(earliest, now + lead)
+    if max_wait >= 0 and slot - now > max_wait then
+      local earlier = booked(k, id)
+      if earlier then return admitted(earlier) end
+      tidy(k)
+      return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
+    end
+    problem = past_totals(k, cost)
+    if problem then return fail(problem) end
+    local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
+    if not book(k, slot, cost, id) then
+      -- The same call again (a retry): it keeps the slot it booked.
+      return admitted(booked(k, id))
+    end
+    local out = remaining_at(k, slot, {1, now, slot, k.pause})
+    if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
     return reply(out)
   end
-  local earliest, missing = earliest_slot(k, cost)
-  if not earliest then
-    local earlier = booked(k, id)
-    if earlier then return admitted(earlier) end
-    return stale(missing)
-  end
-  local slot = math.max(earliest, now + lead)
-  if max_wait >= 0 and slot - now > max_wait then
-    local earlier = booked(k, id)
-    if earlier then return admitted(earlier) end
-    tidy(k)
-    return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
-  end
-  problem = past_totals(k, cost)
-  if problem then return fail(problem) end
-  local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
-  if not book(k, slot, cost, id) then
-    -- The same call again (a retry): it keeps the slot it booked.
-    return admitted(booked(k, id))
-  end
-  local out = remaining_at(k, slot, {1, now, slot, k.pause})
-  if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
-  return reply(out)
-end
 
-if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)
-  local through_now = cum_through(k, now)
-  local in_flight, waiting = 0, 0
-  if KEYS[5] then -- a capped key's holders and tickets, read only: (now, +inf)
-    local after = '(' .. format('%d', now)
-    in_flight = redis.call('ZCOUNT', KEYS[3], after, '+inf')
-    waiting = redis.call('ZCOUNT', KEYS[5], after, '+inf')
-  end
-  local next_slot, missing = earliest_slot(k, 1)
-  if not next_slot then return stale(missing) end
-  local answer = {now, next_slot, k.pause, k.total - through_now, in_flight, waiting, -1, -1, -1}
-  if k["until"] > now then answer[7], answer[8], answer[9] = k.learned, learned_units(k), k["until"] end
-  for i = 1, q.nrates do
-    local w, used, ready = q.windows[i]
-    if w then
-      if w.starts[1] == w.keep and now >= w.ends[1] then return stale(now) end
-      used = through_now - cum_through(k, w.keep - w.margin - 1)
-      ready, missing = calendar_slot(k, now, 1, i)
-      if not ready then return stale(missing) end
-    else
-      ready = now -- when a call of cost 1 fits rate i
-      local target = k.total - q.limits[i] + 1
-      if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
-      used = through_now - cum_through(k, now - q.periods[i])
+  if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)
+    local through_now = cum_through(k, now)
+    local in_flight, waiting = 0, 0
+    if keys[5] then -- a capped key's holders and tickets, read only: (now, +inf)
+      local after = '(' .. format('%d', now)
+      in_flight = redis.call('ZCOUNT', keys[3], after, '+inf')
+      waiting = redis.call('ZCOUNT', keys[5], after, '+inf')
     end
-    answer[#answer + 1] = used
-    answer[#answer + 1] = ready
+    local next_slot, missing = earliest_slot(k, 1)
+    if not next_slot then return stale(missing) end
+    local answer = {now, next_slot, k.pause, k.total - through_now, in_flight, waiting, -1, -1, -1}
+    if k["until"] > now then answer[7], answer[8], answer[9] = k.learned, learned_units(k), k["until"] end
+    for i = 1, q.nrates do
+      local w, used, ready = q.windows[i]
+      if w then
+        if w.starts[1] == w.keep and now >= w.ends[1] then return stale(now) end
+        used = through_now - cum_through(k, w.keep - w.margin - 1)
+        ready, missing = calendar_slot(k, now, 1, i)
+        if not ready then return stale(missing) end
+      else
+        ready = now -- when a call of cost 1 fits rate i
+        local target = k.total - q.limits[i] + 1
+        if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
+        used = through_now - cum_through(k, now - q.periods[i])
+      end
+      answer[#answer + 1] = used
+      answer[#answer + 1] = ready
+    end
+    return reply(answer)
   end
-  return reply(answer)
+
+  if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
+    local since, till, limit = whole(argv[4], 0), whole(argv[5], 0), whole(argv[6], 0)
+    local from, born = whole(argv[7] or -1, -1), whole(argv[8] or -1, -1)
+    if not since or not till or not limit or not from or not born then
+      return fail('bad learned limit')
+    end
+    if till <= now or (k["until"] > now and since < k.since) then return '1' end
+    if from < 0 then -- not marked: from the log, if it still holds every entry needed
+      if since < q.keep then return '1' end -- (an answer too late: entries may be trimmed)
+      from = cum_through(k, since - 1)
+    elseif born ~= k.born or from > k.total then -- the key was forgotten since: count all
+      from = 0
+    end
+    k.since, k["until"], k.learned, k.from = since, till, limit, from
+    save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
+    return '1'
+  end
+
+  if op == 'pause' then
+    local duration = whole(argv[4], 0)
+    if not duration then return fail('bad pause duration') end
+    if now + duration > k.pause then -- a pause only ever moves forward
+      k.pause = now + duration
+      save(k, math.max(k.pause, k.last) + q.horizon, false)
+    end
+    return reply({k.pause, now})
+  end
+
+  return fail('unknown op ' .. tostring(op))
 end
 
-if op == 'learn' then -- sliding_log.learn: the newest report of the upstream holds
-  local since, till, limit = whole(ARGV[4], 0), whole(ARGV[5], 0), whole(ARGV[6], 0)
-  local from, born = whole(ARGV[7] or -1, -1), whole(ARGV[8] or -1, -1)
-  if not since or not till or not limit or not from or not born then
-    return fail('bad learned limit')
-  end
-  if till <= now or (k["until"] > now and since < k.since) then return '1' end
-  if from < 0 then -- not marked: from the log, if it still holds every entry needed
-    if since < q.keep then return '1' end -- (an answer too late: entries may be trimmed)
-    from = cum_through(k, since - 1)
-  elseif born ~= k.born or from > k.total then -- the key was forgotten since: count all
-    from = 0
-  end
-  k.since, k["until"], k.learned, k.from = since, till, limit, from
-  save(k, math.max(till, math.max(k.last, k.pause) + q.horizon), false)
-  return '1'
-end
-
-if op == 'pause' then
-  local duration = whole(ARGV[4], 0)
-  if not duration then return fail('bad pause duration') end
-  if now + duration > k.pause then -- a pause only ever moves forward
-    k.pause = now + duration
-    save(k, math.max(k.pause, k.last) + q.horizon, false)
-  end
-  return reply({k.pause, now})
-end
-
-return fail('unknown op ' .. tostring(op))
+return run(KEYS, ARGV)
