@@ -260,12 +260,12 @@ class _Calls:
 def _no_functions(exc: Exception) -> bool:
     """Whether ``exc`` says this server or user cannot use functions (not a script error)."""
     text = str(exc).lower()
+    if isinstance(exc, rx.NoPermissionError):  # for FCALL or FUNCTION LOAD themselves, not
+        return "'fcall'" in text or "'function|load'" in text  # a command the script runs
+    # Redis 6.2: "unknown command `FCALL`"; a Cluster client that asked 6.2 for its
+    # commands knows none by that name and says so itself.
     if not ("fcall" in text or "function" in text):
         return False
-    if isinstance(exc, rx.NoPermissionError):
-        return True
-    # Redis 6.2: "unknown command"; a Cluster client that asked 6.2 for its commands
-    # knows none by that name and says so itself.
     return "unknown command" in text or "doesn't exist in redis commands" in text
 
 
