@@ -205,11 +205,6 @@ local function convert(log, base)
   return old[2] and tonumber(old[2]) or -1, wcum
 end
 
-local function total_in(member) -- a member of either layout (the older: "s" .. 15 digits)
-  if #member < 16 then return total_of(member) end
-  return tonumber(string.sub(member, 2)), true
-end
-
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
              since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1}
@@ -257,9 +252,10 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     -- Costs are unknown: every entry up to the total counts as weighted (wcum).
     local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
     if newest[1] and tonumber(newest[2]) + q.horizon > now then
-      local _, older = total_in(newest[1])
-      if older then convert(log, nil) end
-      newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      if #newest[1] >= 16 then -- the older layout's "s" .. 15 digits: rewritten first
+        convert(log, nil)
+        newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      end
       local oldest = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       k.last, k.first, k.total = tonumber(newest[2]), tonumber(oldest[2]), total_of(newest[1])
       k.base = #oldest[1] == 7 and 0 or math.max(0, total_of(oldest[1]) - q.smallest)
@@ -430,10 +426,6 @@ local function tidy(k)
   if drop_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
 end
 
-local function bad_id(id)
-  if not id or id == '' then return 'missing call id' end
-end
-
 local function past_totals(k, cost) -- a 6-byte member holds totals below 2^48
   if k.total + cost >= TOTALS then
     return format('running total %d + %d reaches 2^48: reset the key', k.total, cost)
@@ -591,7 +583,7 @@ local function run(keys, argv)
     local mark_us = argv[2] == '-' and -1 or whole(argv[2], 0) -- Acquire.mark_us, first key
     if not mark_us then return fail('bad mark') end
     if not max_wait then return fail('bad max wait') end
-    if bad_id(id) then return fail(bad_id(id)) end
+    if not id or id == '' then return fail('missing call id') end
     if not lead then return fail('bad lead') end
     local lease = op == 'lease' and argv[7]
     local per, first_arg = 2, 7
@@ -716,7 +708,7 @@ local function run(keys, argv)
       return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
     end
     local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
-    if not book(keys[1], slot, costs[1], id) then return admitted(booked(keys[1], id)) end
+    book(keys[1], slot, costs[1], id) -- (not booked yet: booked() was asked above)
     for i = 2, n do book(keys[i], slot, costs[i]) end
     for _, lk in ipairs(capped) do -- held through the sleep to its slot too
       dequeue(lk, lease)
@@ -736,7 +728,8 @@ local function run(keys, argv)
     if not cost then return fail('bad cost ' .. tostring(argv[4])) end
     if not max_wait then return fail('bad max wait') end
     if not lead or not mark_us then return fail('bad lead') end
-    problem = bad_id(id) or check_cost(q, cost)
+    if not id or id == '' then return fail('missing call id') end
+    problem = check_cost(q, cost)
     if problem then return fail(problem) end
 
     local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
