@@ -26,12 +26,36 @@ class Calendar:
 
     bounds: Callable[[int], tuple[int, int]]
     margin: int
+    bounded: bool = False  # counted per window (Rate.bounded): the same counts, exactly
+
+    def placed(self, t: int) -> int:
+        """Where a bounded one counts an entry: at the end of its window, or of the
+        margin before that end."""
+        end = self.bounds(t)[1]
+        return end - self.margin - 1 if t < end - self.margin else end - 1
 
     def counting(self, slot: int) -> list[tuple[int, int]]:
         """The windows that count an entry at ``slot``: tried one by one."""
         own = self.bounds(slot)
         after = self.bounds(own[1])
         return [own] + ([after] if slot >= after[0] - self.margin else [])
+
+
+@dataclass(frozen=True)
+class Bucketed:
+    """A bounded sliding rate (Rate.bounded): each call counts as if it came at the last
+    moment of its bucket of ``width`` (epoch-aligned), in windows of ``period``."""
+
+    period: int
+    width: int
+
+    def placed(self, t: int) -> int:
+        return t - t % self.width + self.width - 1
+
+
+# How long a store keeps a logged call at least (base.KEEP_IDS_US): a key with only
+# bounded rates keeps no more, which decides which reports of the upstream it can count.
+KEEP_IDS = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -59,7 +83,9 @@ class ModelUsage:
 class KeyLog:
     entries: list[tuple[int, int]] = field(default_factory=list)  # (slot, cost), never trimmed
     pause_until: int = 0
-    learned: tuple[int, int, int] | None = None  # (since, until, limit): from the upstream
+    # (since, until, limit, before): from the upstream; it counts the units of slots
+    # before ``until`` less ``before`` (those of slots before ``since``, or fewer).
+    learned: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -74,9 +100,12 @@ class Model:
         return self.logs.setdefault(key, KeyLog())
 
     @staticmethod
-    def _in_window(log: KeyLog, end: int, period: int) -> int:
+    def _in_window(log: KeyLog, end: int, period: int | Bucketed) -> int:
         """Cost of the entries after ``end - period``. Entries booked after ``end``
-        count too: they are promised, so they are not free."""
+        count too: they are promised, so they are not free. A bounded rate counts an
+        entry until the end of its bucket leaves the window."""
+        if isinstance(period, Bucketed):
+            return sum(c for t, c in log.entries if period.placed(t) > end - period.period)
         return sum(cost for t, cost in log.entries if t > end - period)
 
     @staticmethod
@@ -93,7 +122,7 @@ class Model:
 
     def _fits(self, log: KeyLog, slot: int, cost: int, learned: bool = True) -> bool:
         if learned and log.learned is not None:
-            since, until, limit = log.learned
+            since, until, limit, _ = log.learned
             if since <= slot < until and self._learned_units(log) + cost > limit:
                 return False
         return all(self._used_at(log, slot, period) + cost <= limit for limit, period in self.rates)
@@ -101,8 +130,8 @@ class Model:
     @staticmethod
     def _learned_units(log: KeyLog) -> int:
         assert log.learned is not None
-        since, until, _ = log.learned
-        return sum(cost for t, cost in log.entries if since <= t < until)
+        _, until, _, before = log.learned
+        return sum(cost for t, cost in log.entries if t < until) - before
 
     @staticmethod
     def _first(
@@ -114,7 +143,7 @@ class Model:
         floor and every later moment at which some window sum may drop: an entry leaving
         a sliding window, or the end of a calendar window that counts a moment tried."""
         moments = {floor} | {
-            t + period
+            period.placed(t) + period.period if isinstance(period, Bucketed) else t + period
             for model, log in logs
             for _, period in model.rates
             if not isinstance(period, Calendar)
@@ -163,10 +192,27 @@ class Model:
             raise ValueError(f"cost {cost} can never be admitted")
         log = self._log(key)
         slot = self._earliest(log, now, cost)
+        self._check_bounded(log, now, cost, slot)
         if max_wait is not None and slot - now > max_wait:
             return self._outcome(log, False, now, slot)
         log.entries.append((slot, cost))
+        for limit, period in self.rates:  # by the calls' own slots, never over any limit
+            if isinstance(period, Bucketed):
+                assert self._in_window(log, slot, period.period) <= limit
         return self._outcome(log, True, now, slot)
+
+    def _check_bounded(self, log: KeyLog, now: int, cost: int, slot: int) -> None:
+        """The promise of bounded rates, on this very log: a slot from the exact one to
+        one bucket later (without calendar rates, whose window ends it could cross)."""
+        widths = [p.width for _, p in self.rates if isinstance(p, Bucketed)]
+        if not widths or any(isinstance(p, Calendar) for _, p in self.rates):
+            return
+        exact = Model(
+            [(limit, p.period if isinstance(p, Bucketed) else p) for limit, p in self.rates],
+            self.min_interval,
+        )
+        earliest = exact._earliest(log, now, cost)
+        assert earliest <= slot <= earliest + max(widths), (earliest, slot, widths)
 
     def pause(self, key: str, now: int, duration: int) -> int:
         log = self._log(key)
@@ -178,26 +224,40 @@ class Model:
         newest report (the latest ``since``) replaces one still in force."""
         log = self._log(key)
         old = log.learned
+
         # A report counting from before what every window still looks at is ignored
         # (Limiter.learn given a Decision of acquire(), which marks nothing: the store
-        # may have dropped entries it would count).
-        keep = min(
-            period.bounds(now)[0] - period.margin
-            if isinstance(period, Calendar)
-            else now - period + 1
-            for _, period in self.rates
-        )
-        if since < keep:
-            return
+        # may have dropped entries it would count). Before what the stores keep of the
+        # calls themselves (the exact rates' windows; 5 s with only bounded rates), the
+        # units before ``since`` are as the bounded rates whose windows reach it count
+        # them, by their buckets' ends: the most of those.
+        def keep(period: Any) -> int:
+            if isinstance(period, Calendar):
+                return period.bounds(now)[0] - period.margin
+            return now - (period.period if isinstance(period, Bucketed) else period) + 1
+
+        def bounded(period: Any) -> bool:
+            return isinstance(period, Bucketed) or (isinstance(period, Calendar) and period.bounded)
+
+        exact = [keep(p) for _, p in self.rates if not bounded(p)]
+        if since >= min(exact, default=now - KEEP_IDS):
+            before = sum(cost for t, cost in log.entries if t < since)
+        else:
+            reaching = [p for _, p in self.rates if bounded(p) and keep(p) <= since]
+            if not reaching:
+                return
+            before = max(
+                sum(cost for t, cost in log.entries if p.placed(t) < since) for p in reaching
+            )
         if until > now and (old is None or old[1] <= now or since >= old[0]):
-            log.learned = (since, until, limit)
+            log.learned = (since, until, limit, before)
 
     def learned(self, key: str, now: int) -> tuple[int, int, int] | None:
         """(limit, units it counts, until) of a learned limit in force, or None."""
         log = self.logs.get(key, KeyLog())
         if log.learned is None or log.learned[1] <= now:
             return None
-        return (log.learned[2], self._learned_units(log), log.learned[1])
+        return (log.learned[2], self._learned_units(log), log.learned[1])  # limit, units, until
 
     def reset(self, key: str) -> None:
         self.logs.pop(key, None)

@@ -40,7 +40,7 @@ from throttle_client import (
 )
 from throttle_client._backends.redis import redis_keys
 
-from .model import Calendar, Model
+from .model import Bucketed, Calendar, Model
 
 US = 1_000_000
 NAMES = ["alpha", "beta", "gamma"]
@@ -82,8 +82,11 @@ CALENDARS = st.one_of(
         st.sampled_from(["minute", "hour", "day", "week", "month"]),
         st.sampled_from(CALENDAR_STARTS),
         st.sampled_from([1, 1, 28, 29, 30, 31]),
+        st.booleans(),  # bounded: counted per window
     ),
 )
+# Per rate: 0, an exact sliding rate; else a bounded one in that many buckets.
+BUCKETS = st.lists(st.sampled_from([0, 0, 2, 3, 10]), min_size=3, max_size=3)
 
 _namespaces = itertools.count()
 
@@ -116,19 +119,30 @@ class Agreement(RuleBasedStateMachine):
         )
         self.last_wait = 0  # the latest retry_after / wait seen, to step exactly onto edges
 
-    @initialize(rates=RATES, gap=GAPS, margin=MARGINS, calendar=CALENDARS)
-    def build(self, rates: list[tuple[int, int]], gap: int, margin: int, calendar: Any) -> None:
+    @initialize(rates=RATES, gap=GAPS, margin=MARGINS, calendar=CALENDARS, buckets=BUCKETS)
+    def build(
+        self, rates: list[tuple[int, int]], gap: int, margin: int, calendar: Any, buckets: list[int]
+    ) -> None:
         # The limiter's margin widens every window and a non-zero gap: the model is
         # given the widened ones, so both sides must agree on exactly that arithmetic.
-        model_rates: list[tuple[int, Any]] = [(limit, period + margin) for limit, period in rates]
-        limiter_rates = [Rate(limit, period / US) for limit, period in rates]
+        # A bounded rate's buckets are of its own period (Rate.bucket_us).
+        model_rates: list[tuple[int, Any]] = [
+            (limit, Bucketed(period + margin, -(-period // n)) if n else period + margin)
+            for (limit, period), n in zip(rates, buckets[: len(rates)], strict=True)
+        ]
+        limiter_rates = [
+            Rate(limit, period / US, buckets=n or None)
+            for (limit, period), n in zip(rates, buckets[: len(rates)], strict=True)
+        ]
         self.clock = IntClock()
         self.calendar: Calendar | None = None
         if calendar is not None:
-            limit, unit, (start, zone), anchor = calendar
-            rate = Rate(limit, unit, tz=zone, anchor=anchor if unit == "month" else None)
+            limit, unit, (start, zone), anchor, bounded = calendar
+            rate = Rate(
+                limit, unit, tz=zone, anchor=anchor if unit == "month" else None, bounded=bounded
+            )
             assert rate.calendar is not None
-            self.calendar = Calendar(rate.calendar.bounds, margin)
+            self.calendar = Calendar(rate.calendar.bounds, margin, bounded)
             model_rates.insert(0, (limit, self.calendar))
             limiter_rates.insert(0, rate)
             self.clock.us = start
@@ -197,15 +211,14 @@ class Agreement(RuleBasedStateMachine):
     def _exits(self) -> list[int]:
         """Future moments at which some logged entry leaves some sliding window."""
         now = self.clock.us
-        return sorted(
-            {
-                t + period
-                for log in self.model.logs.values()
-                for t, _ in log.entries
-                for _, period in self.model.rates
-                if not isinstance(period, Calendar) and t + period > now
-            }
-        )
+        exits = {
+            period.placed(t) + period.period if isinstance(period, Bucketed) else t + period
+            for log in self.model.logs.values()
+            for t, _ in log.entries
+            for _, period in self.model.rates
+            if not isinstance(period, Calendar)
+        }
+        return sorted(t for t in exits if t > now)
 
     @precondition(lambda self: bool(self._exits()))
     @rule(pick=st.integers(0, 10_000), offset=st.sampled_from([-1, 0, 0, 1]))

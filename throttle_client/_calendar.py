@@ -180,11 +180,17 @@ AHEAD = 3
 
 
 def windows_for(
-    window: CalendarWindow, margin_us: int, now_us: int, around_us: tuple[int, ...] = ()
+    window: CalendarWindow,
+    margin_us: int,
+    now_us: int,
+    around_us: tuple[int, ...] = (),
+    *,
+    bounded: bool = False,
 ) -> Windows:
     """What the store needs of ``window`` for a decision at store time ``now_us``: the
     start of the window holding now, and from the windows holding now and each time of
-    ``around_us`` (times stale answers named), that one and ``AHEAD`` more."""
+    ``around_us`` (times stale answers named), that one and ``AHEAD`` more. A bounded
+    rate's are named for the coarse log that counts them (base.Windows.name)."""
     keep_from = window.bounds(now_us)[0]
     spans: set[tuple[int, int]] = set()
     for moment in (now_us, *around_us):
@@ -192,4 +198,5 @@ def windows_for(
         for _ in range(AHEAD + 1):
             spans.add(span)
             span = window.bounds(span[1])
-    return Windows(keep_from, tuple(sorted(spans)), margin_us)
+    name = f"{window.unit}/{window.tz}/{window.anchor_day}/{margin_us}" if bounded else ""
+    return Windows(keep_from, tuple(sorted(spans)), margin_us, name)

@@ -34,6 +34,7 @@ from ._backends.base import (
     AcquireAll,
     AsyncBackend,
     Backend,
+    Buckets,
     Charge,
     InlineAsync,
     Inspect,
@@ -208,7 +209,7 @@ class _LimiterCore:
         # with none.
         self._quota = Quota(
             limits=tuple(
-                (rate.limit, 0 if rate.calendar else rate.period_us + margin_us)
+                (rate.limit, 0 if rate.calendar else _sliding(rate, margin_us))
                 for rate in self.rates
             ),
             min_interval_us=gap_us + margin_us if gap_us else 0,
@@ -273,7 +274,12 @@ class _LimiterCore:
         if not around_us and cached is not None and cached[1] <= store_now_us < cached[2]:
             return cached[0]
         limits = tuple(
-            (limit, windows_for(rate.calendar, self._margin_us, store_now_us, around_us))
+            (
+                limit,
+                windows_for(
+                    rate.calendar, self._margin_us, store_now_us, around_us, bounded=rate.bounded
+                ),
+            )
             if rate.calendar
             else (limit, period)
             for rate, (limit, period) in zip(self.rates, self._quota.limits, strict=True)
@@ -1258,3 +1264,10 @@ def _not_a_backend(thing: object, limiter: str) -> NoReturn:
             "subclass of AsyncBackend or Backend"
         )
     raise TypeError(f"a {limiter} needs a backend, not a {kind}; {hint}")
+
+
+def _sliding(rate: Rate, margin_us: int) -> int | Buckets:
+    """A sliding rate's period as the store counts it, widened by the margin: a bounded
+    one's in buckets of its width (Rate.bucket_us)."""
+    period = rate.period_us + margin_us
+    return Buckets(period, rate.bucket_us) if rate.buckets else period

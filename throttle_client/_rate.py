@@ -27,6 +27,8 @@ _RATE_RE = re.compile(
     r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)"
     # A calendar window's zone and anchor, in either order.
     rf"(?:(?:{_ZONE.format(n=1)})?(?:{_FROM.format(n=1)})?|{_FROM.format(n=2)}{_ZONE.format(n=2)})"
+    # A bounded rate (issue 13): "..., bounded" or "... in 48 buckets".
+    r"(?:(?:\s*,\s*|\s+)(?P<bounded>bounded)|\s+in\s+(?P<buckets>\d+)\s+buckets?)?"
     r"\s*$",
     re.I | re.ASCII,
 )
@@ -34,6 +36,10 @@ _RATE_RE = re.compile(
 
 # A calendar window's nominal length (``Rate.period``, for display and rough sums only:
 # the store counts in the real windows, 23- to 25-hour days, 28- to 31-day months).
+# A bounded sliding rate's buckets per window, unless told (under-use at most 1/60 of it),
+# and the range allowed (each bucket is one entry of the key's meta: a few bytes each).
+DEFAULT_BUCKETS = 60
+MAX_BUCKETS = 1000
 _NOMINAL = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "week": 604800.0,
             "month": 2629746.0}  # fmt: skip
 
@@ -79,11 +85,25 @@ class Rate:
     alike): ``anchor=30`` says the same. ``calendar`` is the window (None for a sliding
     rate); ``period`` is then its nominal
     length (a month counts as 30.44 days there), for display only.
+
+    ``bounded=True`` keeps the key's memory for this rate bounded whatever the limit
+    (docs/design.md §1, "Bounded rates"): the store counts it by bucket, not by call. A
+    calendar rate is then counted per window, exactly as before; a sliding rate counts
+    each bucket (``buckets`` per period, 60 unless told) until the bucket's last moment
+    leaves the window, so it never admits more than the limit in any window, and holds a
+    call back at most one bucket (1/buckets of the period) longer than the exact log:
+
+    >>> Rate(70000, timedelta(days=1), buckets=48) == Rate.parse("70000/day in 48 buckets")
+    True
+    >>> Rate.parse("1000000/month bounded").bounded
+    True
     """
 
     limit: int
     period: float
     calendar: CalendarWindow | None
+    buckets: int  # a bounded sliding rate's buckets per period; 0: exact (or calendar)
+    bounded: bool
 
     def __init__(
         self,
@@ -92,7 +112,32 @@ class Rate:
         *,
         tz: str | ZoneInfo | None = None,
         anchor: date | str | int | None = None,
+        bounded: bool = False,
+        buckets: int | None = None,
     ) -> None:
+        if not isinstance(bounded, bool):
+            raise ConfigurationError(f"bounded must be True or False, not {bounded!r}")
+        if buckets is not None:
+            if isinstance(period, str):
+                raise ConfigurationError(
+                    f"buckets={buckets!r} belongs to sliding rates: a calendar rate is "
+                    f"counted per window; give bounded=True for that"
+                )
+            if (
+                isinstance(buckets, bool)
+                or not isinstance(buckets, int)
+                or not 2 <= buckets <= MAX_BUCKETS
+            ):
+                raise ConfigurationError(
+                    f"buckets must be a whole number from 2 to {MAX_BUCKETS}, not {buckets!r}"
+                )
+            bounded = True
+        object.__setattr__(self, "bounded", bounded)
+        object.__setattr__(
+            self,
+            "buckets",
+            0 if not bounded or isinstance(period, str) else buckets or DEFAULT_BUCKETS,
+        )
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ConfigurationError(
                 f"rate limit must be a whole number from 1 to 2**40 ({MAX_LIMIT}), not {limit!r}"
@@ -117,7 +162,8 @@ class Rate:
     def parse(cls, text: str) -> Rate:
         """``"5000/hour"``, ``"10/second"``, ``"100/15 minutes"``, ``"30 per minute"``
         (sliding); ``"10000/day in America/Los_Angeles"``, ``"3000/month"`` and
-        ``"3000/month from 2026-01-30"`` (calendar: a zone, an anchor or a month)."""
+        ``"3000/month from 2026-01-30"`` (calendar: a zone, an anchor or a month); any of
+        them ``", bounded"``, and a sliding one ``"in 48 buckets"`` (see ``bounded``)."""
         if not isinstance(text, str):
             raise ConfigurationError(f"a rate string is needed, not {text!r}")
         match = _RATE_RE.match(text)
@@ -144,16 +190,31 @@ class Rate:
                 "'5000/hour', '10/second' or '100/15 minutes', or a calendar window such "
                 "as '10000/day in America/Los_Angeles' or '3000/month from 2026-01-30'"
             )
+        bounded = bool(match["bounded"] or match["buckets"])
+        buckets = None
+        if match["buckets"]:
+            if len(match["buckets"]) > 4:
+                raise ConfigurationError(
+                    f"bad rate {text!r}: buckets must be from 2 to {MAX_BUCKETS}"
+                )
+            buckets = int(match["buckets"])
         try:
             if len(match["limit"].lstrip("0")) > len(str(MAX_LIMIT)):
                 # Above the range for sure; int() would refuse thousands of digits on its own.
                 raise ConfigurationError(f"rate limit must be at most 2**40 ({MAX_LIMIT})")
             if calendar:
                 assert isinstance(unit, str)
-                return cls(int(match["limit"]), unit, tz=tz or "UTC", anchor=anchor)
+                return cls(
+                    int(match["limit"]),
+                    unit,
+                    tz=tz or "UTC",
+                    anchor=anchor,
+                    bounded=bounded,
+                    buckets=buckets,
+                )
             count = float(match["count"]) if match["count"] else 1.0
             assert isinstance(unit, float)
-            return cls(int(match["limit"]), count * unit)
+            return cls(int(match["limit"]), count * unit, bounded=bounded, buckets=buckets)
         except ConfigurationError as exc:
             raise ConfigurationError(f"bad rate {text!r}: {exc}") from None
 
@@ -168,17 +229,27 @@ class Rate:
         words = f"{self.limit}/{window.unit} in {window.tz}"
         return words + (f" from day {window.anchor_day}" if window.anchor_day != 1 else "")
 
+    @property
+    def bucket_us(self) -> int:
+        """A bounded sliding rate's bucket width in µs (rounded up: never under one
+        bucket per ``1/buckets`` of the period); 0 for any other rate."""
+        return -(-self.period_us // self.buckets) if self.buckets else 0
+
     def __str__(self) -> str:
         if self.calendar is not None:
-            return self._calendar_words()
-        return f"{self.limit}/{self.period:g}s"
+            return self._calendar_words() + (", bounded" if self.bounded else "")
+        return f"{self.limit}/{self.period:g}s" + (
+            f" in {self.buckets} buckets" if self.buckets else ""
+        )
 
     def __repr__(self) -> str:
         window = self.calendar
         if window is not None:
             anchor = f", anchor={window.anchor_day}" if window.anchor_day != 1 else ""
-            return f"Rate({self.limit}, {window.unit!r}, tz={window.tz!r}{anchor})"
-        return f"Rate({self.limit}, {self.period:g})"
+            bounded = ", bounded=True" if self.bounded else ""
+            return f"Rate({self.limit}, {window.unit!r}, tz={window.tz!r}{anchor}{bounded})"
+        buckets = f", buckets={self.buckets}" if self.buckets else ""
+        return f"Rate({self.limit}, {self.period:g}{buckets})"
 
 
 def _calendar_unit(word: str) -> str | None:

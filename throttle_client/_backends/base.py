@@ -56,6 +56,9 @@ class Windows:
     keep_from: int
     spans: tuple[tuple[int, int], ...]
     margin_us: int
+    # A bounded rate's (Rate.bounded) coarse log: it names the windows' unit, zone and
+    # anchor, and the margin, so that rates on the same windows share one. "": exact.
+    name: str = ""
 
     @property
     def longest_us(self) -> int:
@@ -63,7 +66,27 @@ class Windows:
         return max(end - start for start, end in self.spans) + self.margin_us
 
 
-Period = int | Windows  # a sliding period in µs, or a calendar rate's windows
+@dataclass(frozen=True)
+class Buckets:
+    """A bounded sliding rate (Rate.bounded): its period, counted in buckets of
+    ``width_us`` (each bucket's calls as if all came at its last moment)."""
+
+    period_us: int
+    width_us: int
+
+    @property
+    def name(self) -> str:
+        """The coarse log it counts in: rates of one period and width share one."""
+        return f"{self.period_us}/{self.width_us}"
+
+
+# A sliding period in µs, a bounded sliding rate's, or a calendar rate's windows.
+Period = int | Buckets | Windows
+
+# How long a store keeps a logged call (so its id) after its slot at least: a retry of
+# a call comes within its retry_for (1 s by default) and a timeout, and a key with only
+# bounded rates would otherwise drop every entry at once.
+KEEP_IDS_US = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -81,18 +104,40 @@ class Quota:
 
     @property
     def horizon_us(self) -> int:
-        """How long an entry can still matter after its slot."""
+        """How long an entry, or a bounded rate's count, can still matter after its slot
+        (at least the KEEP_IDS_US that keep_from keeps a log of only bounded rates)."""
+        exact = any(_exact(p) for _, p in self.limits)
         return max(
-            *(p if isinstance(p, int) else p.longest_us for _, p in self.limits),
-            self.min_interval_us,
+            *(span(p) for _, p in self.limits), self.min_interval_us, 0 if exact else KEEP_IDS_US
         )
 
     def keep_from(self, now: int) -> int:
-        """The oldest slot any decision from ``now`` on can count: older entries may go.
-        (A sliding window ending at now holds the slots after now - period.)"""
+        """The oldest slot of the log of calls that any decision from ``now`` on can
+        count: older entries may go. (A sliding window ending at now holds the slots
+        after now - period.) Bounded rates count in coarse logs of their own, so a key
+        with only those keeps its calls KEEP_IDS_US."""
         return min(
-            now - p + 1 if isinstance(p, int) else p.keep_from - p.margin_us for _, p in self.limits
+            (
+                now - p + 1 if isinstance(p, int) else p.keep_from - p.margin_us
+                for _, p in self.limits
+                if isinstance(p, int) or (isinstance(p, Windows) and not p.name)
+            ),
+            default=now - KEEP_IDS_US,
         )
+
+
+def _exact(period: Period) -> bool:
+    """Whether a rate counts in the key's log of calls (not bounded)."""
+    return not isinstance(period, Buckets) and not (isinstance(period, Windows) and period.name)
+
+
+def span(period: Period) -> int:
+    """How long a rate counts a call after its slot, at most."""
+    if isinstance(period, int):
+        return period
+    if isinstance(period, Buckets):
+        return period.period_us + period.width_us
+    return period.longest_us
 
 
 class Op(Generic[T_co]):

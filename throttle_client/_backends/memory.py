@@ -14,6 +14,7 @@ from .base import (
     Op,
     host_clock,
 )
+from .sliding_log import Coarse
 
 T = TypeVar("T")
 
@@ -27,6 +28,7 @@ class _MemoryLog:
         "base",
         "born",
         "call_ids",
+        "coarse_logs",
         "cums",
         "expires_at",
         "ids",
@@ -49,6 +51,7 @@ class _MemoryLog:
         self.learned: tuple[int, int, int, int] | None = None
         self.born = 0  # set by the store when it begins the key
         self.expires_at = 0
+        self.coarse_logs: dict[str, Coarse] = {}
 
     def slot_of(self, call_id: str) -> int | None:
         return self.ids.get(call_id)
@@ -91,6 +94,12 @@ class _MemoryLog:
 
     def expire_at(self, when: int) -> None:
         self.expires_at = max(self.expires_at, when)
+
+    def coarse(self, name: str) -> Coarse | None:
+        return self.coarse_logs.get(name)
+
+    def keep_coarse(self, name: str, coarse: Coarse) -> None:
+        self.coarse_logs[name] = coarse
 
 
 class _MemoryLeases:

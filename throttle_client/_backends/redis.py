@@ -33,6 +33,7 @@ from .base import (
     AcquireAll,
     AsyncBackend,
     Backend,
+    Buckets,
     Inspect,
     Learn,
     Op,
@@ -95,8 +96,9 @@ def lease_keys(key: str) -> tuple[bytes, bytes, bytes]:
 
 @functools.lru_cache(maxsize=256)
 def quota_arg(quota: Quota) -> bytes:
-    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per quota; a calendar
-    rate's period is an array, [keep_from, margin, start, end, start, end, ...].
+    """ARGV[2]: msgpack of [gap, limit, period, ...], encoded once per quota; a bounded
+    sliding rate's period is [period, width], a calendar rate's an array, [keep_from,
+    margin, start, end, start, end, ...], led by its coarse log's name if it is bounded.
 
     Every number is a non-negative integer below 2**64, so arrays of uint64s or positive
     fixints are all it takes.
@@ -106,14 +108,24 @@ def quota_arg(quota: Quota) -> bytes:
         items.append(_uint(limit))
         if isinstance(period, int):
             items.append(_uint(period))
-        else:
+        elif isinstance(period, Buckets):  # a bounded sliding rate: [period, width]
+            items.append(_array(2) + _uint(period.period_us) + _uint(period.width_us))
+        else:  # a bounded one's windows are led by the name of its coarse log
             numbers = (
                 period.keep_from,
                 period.margin_us,
                 *(t for span in period.spans for t in span),
             )
-            items.append(_array(len(numbers)) + b"".join(map(_uint, numbers)))
+            name = _str(period.name) if period.name else b""
+            items.append(_array(len(numbers) + bool(name)) + name + b"".join(map(_uint, numbers)))
     return _array(len(items)) + b"".join(items)
+
+
+def _str(text: str) -> bytes:
+    data = text.encode()
+    if len(data) < 32:
+        return bytes([0xA0 | len(data)]) + data
+    return b"\xd9" + bytes([len(data)]) + data  # (a name is under 256 bytes)
 
 
 def _uint(n: int) -> bytes:

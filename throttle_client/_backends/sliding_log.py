@@ -12,24 +12,35 @@ lies after time X" and "when did the running total cross Y" are both one indexed
 lookup: the work per decision is O(log n) per rate, whatever the cost of a call.
 Entries older than the longest period are trimmed; ``base`` is the running total
 at the newest trimmed entry.
+
+A bounded rate (Rate.bounded, docs/design.md §1 "Bounded rates") counts in a coarse log
+of its own instead (:class:`Coarse`): one entry per bucket, at the bucket's last moment,
+carrying the key's running total after the bucket's last call. The window arithmetic
+below runs over it unchanged, so it counts each call as if it came at the end of its
+bucket: in a window until the bucket's last moment leaves it. That is never fewer than
+the calls' own slots count (never over the limit), and holds a call back at most one
+bucket longer. A calendar rate's buckets end at its windows' boundaries (the end, and
+the margin before it), the only times its windows are read at: exact there.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
 from .base import (
     Acquire,
     AcquireAll,
+    Buckets,
     Charge,
     Inspect,
     Learn,
     Op,
     Pause,
+    Period,
     Quota,
     Reset,
     Snapshot,
@@ -80,8 +91,154 @@ class LogView(Protocol):
     def expire_at(self, when: int) -> None:
         """Nothing in the log matters after ``when``: the store may forget the key then."""
 
+    def coarse(self, name: str) -> Coarse | None:
+        """The key's coarse log ``name`` (a bounded rate's), if it has one."""
 
-def fits_at(log: LogView, limit: int, period: int, cost: int) -> int:
+    def keep_coarse(self, name: str, coarse: Coarse) -> None:
+        """Store ``coarse`` as the key's coarse log ``name`` (with the key's life)."""
+
+
+class Counts(Protocol):
+    """What the window arithmetic reads: a key's log, or one of its coarse logs."""
+
+    @property
+    def total(self) -> int: ...
+    @property
+    def base(self) -> int: ...
+    def time_at_cum(self, target: int) -> int: ...
+    def cum_through(self, t: int) -> int: ...
+
+
+class Coarse:
+    """A bounded rate's log: ``(slot, running total)`` entries, one per bucket at the
+    bucket's last moment. The first entry is the base: every unit up to its total lies
+    at or before its slot, which is before every window still read (the marker a trim
+    leaves), so no separate ``base`` has to be kept. One entry per bucket from the
+    window's start to the newest booked slot: a sliding rate's ``buckets + 2`` while no
+    call is booked further ahead than a bucket."""
+
+    __slots__ = ("cums", "times")
+
+    def __init__(self, flat: Sequence[int]) -> None:
+        """From ``[slot, total, slot, total, ...]`` (:meth:`flat`)."""
+        self.times = list(flat[0::2])
+        self.cums = list(flat[1::2])
+
+    @property
+    def total(self) -> int:
+        return self.cums[-1]
+
+    @property
+    def base(self) -> int:
+        return self.cums[0]
+
+    def flat(self) -> list[int]:
+        return [n for pair in zip(self.times, self.cums, strict=True) for n in pair]
+
+    def time_at_cum(self, target: int) -> int:
+        return self.times[bisect_left(self.cums, target)]
+
+    def cum_through(self, t: int) -> int:
+        index = bisect_right(self.times, t)
+        return self.cums[index - 1] if index else self.cums[0]
+
+    def add(self, placed: int, cost: int) -> None:
+        """``cost`` more in the bucket ending at ``placed`` (a bucket before the newest
+        one's end, which never comes from a slot: counted in the newest, later)."""
+        if placed <= self.times[-1]:
+            self.cums[-1] += cost
+        else:
+            self.times.append(placed)
+            self.cums.append(self.cums[-1] + cost)
+
+    def trim(self, cutoff: int) -> None:
+        """Drop the entries no window from now on reads: all before the newest entry at
+        or before ``cutoff``, which stays as the base."""
+        index = bisect_right(self.times, cutoff) - 1
+        if index > 0:
+            del self.times[:index], self.cums[:index]
+
+
+def coarse_of(log: LogView, name: str) -> Coarse:
+    """The key's coarse log ``name``, holding every unit the key's log holds. A key
+    without one (new, or its rate just made bounded, or lost: the stores keep it with
+    the meta) begins one; units it lacks (calls booked while the rate was not bounded)
+    are put at the newest slot, as a lost log is repaired: never too few. Either is kept
+    only when a call is booked in it (:func:`book`), on every store alike."""
+    coarse = log.coarse(name)
+    if coarse is None or coarse.total > log.total:
+        return Coarse([0, log.total] if log.last is None else [0, 0, log.last, log.total])
+    if coarse.total < log.total:
+        assert log.last is not None
+        coarse = Coarse(coarse.flat())  # (a copy: the stored one is left as it is)
+        coarse.add(log.last, log.total - coarse.total)
+    return coarse
+
+
+def counted_before(log: LogView, quota: Quota, t: int, now: int) -> int | None:
+    """Units before ``t`` as the coarse logs of the key's bounded rates whose windows
+    still reach ``t`` count them: none more than there were (each counts a call at its
+    bucket's end, never earlier), so the largest is a lower bound, which errs towards
+    counting more from ``t`` on. (Such a log's base lies before every window it still
+    reads, so before ``t``.) None when no bounded rate's window reaches ``t``."""
+    bounds = [
+        coarse_of(log, name).cum_through(t - 1)
+        for name, (_, cutoff) in _coarse_rates(quota, now).items()
+        if cutoff < t
+    ]
+    return max(bounds, default=None)
+
+
+def counts(log: LogView, period: Period) -> Counts:
+    """The log that counts a rate: its coarse log if it is bounded, else the key's."""
+    name = "" if isinstance(period, int) else period.name
+    return coarse_of(log, name) if name else log
+
+
+def placed(period: Buckets | Windows, slot: int) -> int:
+    """The last moment of the bucket that counts a call at ``slot``: of its bucket of
+    ``width_us``, or of its calendar window, or of the margin before that window's end
+    (a slot there counts in the next window too); Stale if its window is not given."""
+    if isinstance(period, Buckets):
+        width = period.width_us
+        return slot - slot % width + width - 1
+    end = period.spans[counting(period, slot)[0]][1]
+    return end - period.margin_us - 1 if slot < end - period.margin_us else end - 1
+
+
+def book(log: LogView, quota: Quota, slot: int, cost: int, call_id: str, now: int) -> None:
+    """Log a call at ``slot``: in each of its bounded rates' coarse logs (once per
+    log), then in the key's own; trims both, and keeps the key as long as they matter."""
+    for name, (period, cutoff) in _coarse_rates(quota, now).items():
+        coarse = coarse_of(log, name)
+        coarse.add(placed(period, slot), cost)
+        coarse.trim(cutoff)
+        log.keep_coarse(name, coarse)
+    log.append(slot, cost, call_id)
+    log.trim(quota.keep_from(now) - 1)  # (a learned limit needs none of them)
+    log.expire_at(max(slot, log.pause_until) + quota.horizon_us)
+
+
+def _coarse_rates(quota: Quota, now: int) -> dict[str, tuple[Buckets | Windows, int]]:
+    """A quota's coarse logs by name: the period of a bounded rate counted in it, and
+    the slot at or before which no window from ``now`` on reads it."""
+    rates: dict[str, tuple[Buckets | Windows, int]] = {}
+    for _, period in quota.limits:
+        if isinstance(period, Buckets):
+            rates[period.name] = (period, now - period.period_us)
+        elif isinstance(period, Windows) and period.name:
+            rates[period.name] = (period, period.keep_from - period.margin_us - 1)
+    return rates
+
+
+def sliding(period: Period) -> int | None:
+    """A sliding rate's period in µs (exact or bounded); None for a calendar rate."""
+    if isinstance(period, int):
+        return period
+    return period.period_us if isinstance(period, Buckets) else None
+
+
+def fits_at(log: Counts, limit: int, period: int, cost: int) -> int:
     """When ``cost`` more fits under one sliding rate, as far as it goes (0: at any time).
 
     Slots never go backwards, so every entry lies at or before any new slot: the window
@@ -127,13 +284,16 @@ def counting(windows: Windows, slot: int) -> range:
 def counted(log: LogView, windows: Windows, i: int) -> int:
     """Units window ``i`` counts: slots from the margin before its start to its end."""
     start, end = windows.spans[i]
-    return log.cum_through(end - 1) - log.cum_through(start - windows.margin_us - 1)
+    source = counts(log, windows)
+    return source.cum_through(end - 1) - source.cum_through(start - windows.margin_us - 1)
 
 
 def since_keep_from(log: LogView, windows: Windows, through: int | None = None) -> int:
     """Units in the window that holds now (it starts at ``keep_from``), through
-    ``through`` (None: every booked slot, of this window or later: an upper bound)."""
-    older = log.cum_through(windows.keep_from - windows.margin_us - 1)
+    ``through`` (None: every booked slot, of this window or later: an upper bound).
+    (The key's log gives ``through``: a bounded rate's coarse log is exact only at
+    its windows' boundaries, and the running totals are the key's in both.)"""
+    older = counts(log, windows).cum_through(windows.keep_from - windows.margin_us - 1)
     return (log.total if through is None else log.cum_through(through)) - older
 
 
@@ -187,8 +347,9 @@ def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
     if log.last is not None:
         slot = max(slot, log.last + quota.min_interval_us)
     for limit, period in quota.limits:
-        if isinstance(period, int):
-            slot = max(slot, fits_at(log, limit, period, cost))
+        length = sliding(period)
+        if length is not None:
+            slot = max(slot, fits_at(counts(log, period), limit, length, cost))
     return calendar_slot(log, quota, slot, cost)
 
 
@@ -198,9 +359,11 @@ def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
     now, every booked unit counted)."""
     free = []
     for limit, period in quota.limits:
-        if isinstance(period, int):
-            used = log.total - log.cum_through(point - period)
+        length = sliding(period)
+        if length is not None:
+            used = log.total - counts(log, period).cum_through(point - length)
         else:
+            assert isinstance(period, Windows)
             try:
                 used = max(counted(log, period, i) for i in counting(period, point))
             except Stale:
@@ -222,9 +385,7 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
         # Refused: nothing is written, so a refusal leaves no trace.
         return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.quota, now))
     marked = mark(log, op, slot)  # before this call's own entry
-    log.append(slot, op.cost, op.call_id)
-    log.trim(op.quota.keep_from(now) - 1)  # (a learned limit needs none of them)
-    log.expire_at(max(slot, log.pause_until) + op.quota.horizon_us)
+    book(log, op.quota, slot, op.cost, op.call_id, now)
     return Verdict(
         True,
         now,
@@ -259,9 +420,7 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
         return Verdict(False, now, slot, pause_until, remaining_all(logs, charges, now))
     marked = mark(logs[0], op, slot)  # before this call's own entry
     for log, charge in pairs:
-        log.append(slot, charge.cost, op.call_id)
-        log.trim(charge.quota.keep_from(now) - 1)
-        log.expire_at(max(slot, log.pause_until) + charge.quota.horizon_us)
+        book(log, charge.quota, slot, charge.cost, op.call_id, now)
     remaining = remaining_all(logs, charges, slot)
     born = logs[0].born if marked >= 0 else -1
     return Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
@@ -284,10 +443,13 @@ def inspect(log: LogView, op: Inspect, now: int) -> Snapshot:
     try:
         next_slot = earliest_slot(log, op.quota, now, 1)
         for limit, period in op.quota.limits:
-            if isinstance(period, int):
-                used.append(through_now - log.cum_through(now - period))
-                ready.append(max(now, fits_at(log, limit, period, 1)))
+            length = sliding(period)
+            if length is not None:
+                source = counts(log, period)
+                used.append(through_now - source.cum_through(now - length))
+                ready.append(max(now, fits_at(source, limit, length, 1)))
             else:
+                assert isinstance(period, Windows)
                 if period.spans[0][0] == period.keep_from and now >= period.spans[0][1]:
                     raise Stale(now)  # now is past the window the limiter took for now's
                 alone = Quota(((limit, period),), 0)  # when a call of cost 1 fits this rate
@@ -324,12 +486,17 @@ def learn(log: LogView, op: Learn, now: int) -> None:
         return
     from_cum = op.from_cum
     if from_cum < 0:  # not marked: read from the log, if it still holds every entry needed
-        if op.since_us < op.quota.keep_from(now):
-            # (An answer that came back more than the longest window after its call: the
-            # entries it would count from may be trimmed, and counting too few would let
-            # too many through.)
-            return
-        from_cum = log.cum_through(op.since_us - 1)
+        if op.since_us >= op.quota.keep_from(now):
+            from_cum = log.cum_through(op.since_us - 1)
+        else:
+            # An answer that came back later than the log keeps its entries (the
+            # longest exact window; 5 s with only bounded rates): the bounded rates'
+            # coarse logs may still say how many came before, never too many; else it
+            # is ignored, as counting too few would let too many through.
+            before = counted_before(log, op.quota, op.since_us, now)
+            if before is None:
+                return
+            from_cum = before
     elif op.born != log.born or from_cum > log.total:  # the key was forgotten since: count all
         from_cum = 0
     log.set_learned((op.since_us, op.until_us, op.limit, from_cum))

@@ -13,6 +13,7 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
     tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
     tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
     tc_learned(key, since, until, lim, from_cum)   a limit learned from the upstream
+    tc_coarse(key, logs)   its bounded rates' coarse logs, JSON (``sliding_log.Coarse``)
 
 All are written in one transaction, so only hands from outside can leave a key's
 rows without its meta, a meta without its rows, or a meta this version cannot read;
@@ -25,6 +26,7 @@ process hears of it through :class:`SQLiteDoorbell`, a thread that watches the f
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sqlite3
@@ -98,6 +100,10 @@ CREATE TABLE IF NOT EXISTS tc_learned (
     lim INTEGER NOT NULL,
     from_cum INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tc_coarse (
+    key TEXT PRIMARY KEY,
+    logs TEXT NOT NULL
+) WITHOUT ROWID;
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -122,6 +128,10 @@ _TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
 _FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
 _FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
 _FORGET_LEARNED = "DELETE FROM tc_learned WHERE key = ?"
+# A key's bounded rates' coarse logs (sliding_log.Coarse), as JSON {name: [slot, total,
+# ...]}: a few entries each, read and written whole, and only by limiters with one.
+_COARSE = "SELECT logs FROM tc_coarse WHERE key = ?"
+_FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
@@ -150,6 +160,8 @@ LOOKUPS = (
     _FORGET_ENTRIES,
     _FORGET_META,
     _FORGET_LEARNED,
+    _COARSE,
+    _FORGET_COARSE,
     _EXPIRED,
     _PRUNE,
     _HOLDING,
@@ -192,6 +204,8 @@ class _SQLiteLog:
         self.born = now  # a key begun in this step (a stored one says when it began)
         self.expires_at = 0
         self.dirty = False  # meta must be written back
+        self.coarse_logs: dict[str, sliding_log.Coarse] | None = None  # read when first asked
+        self.coarse_dirty = False
         self.live = True  # False: the stored rows are expired and must be ignored
         # The part found lost or unreadable ("log" or "meta"), for repair() to rebuild;
         # a meta that is merely missing is "meta" only if entries are left.
@@ -293,6 +307,8 @@ class _SQLiteLog:
         self.db.execute(_FORGET_ENTRIES, (self.key,))
         self.db.execute(_FORGET_META, (self.key,))
         self.db.execute(_FORGET_LEARNED, (self.key,))
+        self.db.execute(_FORGET_COARSE, (self.key,))
+        self.coarse_logs, self.coarse_dirty = {}, False
         self.last, self.total, self.base, self.pause_until, self.expires_at = None, 0, 0, 0, 0
         self.learned, self.dirty, self.learned_dirty = None, False, False
 
@@ -301,7 +317,32 @@ class _SQLiteLog:
             self.expires_at = when
             self.dirty = True
 
+    def coarse(self, name: str) -> sliding_log.Coarse | None:
+        if self.coarse_logs is None:
+            self.coarse_logs = {}
+            stored = self._one(_COARSE)
+            try:
+                logs = json.loads(stored) if stored is not None else {}
+                for key, flat in logs.items():
+                    if _well_formed(flat):
+                        self.coarse_logs[key] = sliding_log.Coarse(flat)
+            except (ValueError, AttributeError, TypeError):
+                pass  # unreadable: each is begun again as if lost (sliding_log.coarse_of)
+        return self.coarse_logs.get(name)
+
+    def keep_coarse(self, name: str, coarse: sliding_log.Coarse) -> None:
+        self.coarse(name)  # (the others are read first, and written back with it)
+        assert self.coarse_logs is not None
+        self.coarse_logs[name] = coarse
+        self.coarse_dirty = True
+
     def save(self) -> None:
+        if self.coarse_dirty and self.coarse_logs is not None:
+            logs = {name: coarse.flat() for name, coarse in self.coarse_logs.items()}
+            self.db.execute(
+                "INSERT OR REPLACE INTO tc_coarse (key, logs) VALUES (?, ?)",
+                (self.key, json.dumps(logs, separators=(",", ":"))),
+            )
         if self.dirty:
             self.db.execute(
                 "INSERT INTO tc_meta (key, last, total, base, pause_until, expires_at, born) "
@@ -325,6 +366,16 @@ class _SQLiteLog:
                 "VALUES (?, ?, ?, ?, ?)",
                 (self.key, *self.learned),
             )
+
+
+def _well_formed(flat: Any) -> bool:
+    """Whether a stored coarse log is one (sliding_log.Coarse.flat): slots and totals
+    that never go back; a row edited by hand may hold anything."""
+    if not isinstance(flat, list) or len(flat) < 2 or len(flat) % 2:
+        return False
+    if not all(type(n) is int and n >= 0 for n in flat):
+        return False
+    return all(flat[i] <= flat[i + 2] for i in range(len(flat) - 2))
 
 
 def _readable(row: tuple[Any, ...]) -> bool:
@@ -611,7 +662,8 @@ class SQLiteBackend(Backend):
                 columns = {row[1] for row in db.execute("PRAGMA table_info(tc_learned)")}
                 if "from_cum" not in columns:  # (made between two commits of issue 11)
                     db.execute("DROP TABLE tc_learned")
-                    db.execute(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS tc_learned") :])
+                    learned = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS tc_learned") :]
+                    db.execute(learned[: learned.index(";")])
                 # Tables that exist already are not written to above: this write of
                 # nothing fails on a file this process cannot write.
                 db.execute("DELETE FROM tc_meta WHERE 0")
@@ -786,6 +838,7 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     db.executemany(_FORGET_ENTRIES, keys)
     db.executemany(_FORGET_META, keys)
     db.executemany(_FORGET_LEARNED, keys)
+    db.executemany(_FORGET_COARSE, keys)
     # These two scan their table, which holds only the calls in flight or waiting (and
     # the few such leftovers), never a row for every key.
     held = db.execute(_EXPIRED_HOLDERS, (now, _SWEEP_BATCH)).fetchall()

@@ -11,11 +11,13 @@
 --         Besides, for KEEP_IDS after their slot only, the calls' ids: member "c" .. call
 --         id, score -(slot + 1) (<= -1), so that a retried call finds its slot ("Call ids").
 -- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
---            until, limit, from, born, wcum, idold) (µs and costs; -1 for no entry; since..from:
+--            until, limit, from, born, wcum, idold, coarse) (µs and costs; -1 for no entry; since..from:
 --            a limit learned from the upstream, counted from running total `from`, until 0
 --            for none; born: when the key's running totals began, the script's now when
 --            it makes a meta afresh; wcum: the running total of the newest entry that cost
---            more than 1; idold: the slot of the oldest call id in L, -1 for none). A
+--            more than 1; idold: the slot of the oldest call id in L, -1 for none; coarse:
+--            the bounded rates' coarse logs, name -> 13 bytes per entry, see "Bounded
+--            rates", or nil for none: older versions read the rest and drop it). A
 --            "tc1" meta is an older version's layout (two members per call, kept as
 --            long as the entries): its log is rewritten in this one, see convert().
 --            L and M are given one TTL together.
@@ -24,7 +26,9 @@
 -- ARGV[1] the operation: acquire | inspect | pause | learn | reset | acquire_all | lease |
 --         release | renew (the last three: concurrency caps, see "Concurrency caps" below)
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
---         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text
+--         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text.
+--         A period is a number (sliding), [period, width] (a bounded sliding rate, in
+--         buckets of width), or a calendar rate's windows (read_windows).
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
 --         now + lead; optional, 0), mark (optional, -1: see Acquire.mark_us);  pause:
@@ -43,8 +47,8 @@
 --   a capped key's inspect gives its H, Q, A after L and M)
 --
 -- `first` (the oldest logged slot) lets a window that starts before it skip its
--- lookup; trimming runs in batches, once that entry is a tenth of the longest
--- period past the longest window; the TTLs are renewed only when the horizon
+-- lookup; trimming runs in batches, once that entry is a tenth of the log's reach
+-- (its longest exact window) past it; the TTLs are renewed only when the horizon
 -- passes `exp`. Numbers travel as integers formatted with %d: Lua's own conversion
 -- of a number would give 1.7e+15 for a timestamp in µs.
 --
@@ -84,14 +88,17 @@ end
 local now -- this call's time (µs): the server's, or the one a test passes
 
 -- A calendar rate's windows (sliding_log.py, "calendar rates"; base.Windows), read from
--- its msgpack [keep_from, margin, start, end, start, end, ...]: {keep, margin, starts,
--- ends, longest}; the windows in order, none overlapping.
+-- its msgpack [keep_from, margin, start, end, start, end, ...], led by the name of its
+-- coarse log if it is bounded: {keep, margin, starts, ends, longest, name}; the windows
+-- in order, none overlapping.
 local function read_windows(packed)
-  local keep, margin, n = whole(packed[1], 0), whole(packed[2], 0), (#packed - 2) / 2
+  local name, at = nil, 0
+  if type(packed[1]) == 'string' then name, at = packed[1], 1 end
+  local keep, margin, n = whole(packed[at + 1], 0), whole(packed[at + 2], 0), (#packed - at - 2) / 2
   if not keep or not margin or n < 1 or n % 1 ~= 0 then return nil end
-  local w = {keep = keep, margin = margin, starts = {}, ends = {}, longest = 0}
+  local w = {keep = keep, margin = margin, starts = {}, ends = {}, longest = 0, name = name}
   for i = 1, n do
-    local a, b = whole(packed[2 * i + 1], 0), whole(packed[2 * i + 2], 0)
+    local a, b = whole(packed[at + 2 * i + 1], 0), whole(packed[at + 2 * i + 2], 0)
     if not a or not b or b <= a or (i > 1 and a < w.ends[i - 1]) then return nil end
     w.starts[i], w.ends[i] = a, b
     if b - a > w.longest then w.longest = b - a end
@@ -100,24 +107,36 @@ local function read_windows(packed)
   return w
 end
 
--- A quota, read from its msgpack: {gap, limits, periods, windows, nrates, longest,
--- smallest, horizon, slack, cutoff}, or nil and what is wrong with it. A rate's period
--- is a number (sliding, µs) or an array (a calendar rate's windows).
+-- How long a logged call (so its id) is kept after its slot at least (base.KEEP_IDS_US):
+-- the log's horizon when every rate is bounded.
+local KEEP_IDS = 5000000
+
+-- A quota, read from its msgpack: {gap, limits, periods, windows, names, widths, nrates,
+-- longest, smallest, horizon, slack, batch, keep, cutoff}, or nil and what is wrong with it. A
+-- rate's period is a number (sliding, µs), [period, width] (bounded sliding: names[i]
+-- its coarse log) or an array of windows (calendar; names[i] if bounded). `keep` and
+-- `cutoff` are the log's: bounded rates count in their coarse logs instead.
 local function read_quota(packed)
   local ok, quota = pcall(cmsgpack.unpack, packed or '')
   if not ok or type(quota) ~= 'table' then return nil, 'bad quota' end
   local gap, nrates = whole(quota[1], 0), (#quota - 1) / 2
   if not gap or nrates < 1 or nrates % 1 ~= 0 then return nil, 'bad quota' end
-  local q = {gap = gap, nrates = nrates, limits = {}, periods = {}, windows = {}, longest = 0,
-             smallest = math.huge, keep = math.huge}
+  local q = {gap = gap, nrates = nrates, limits = {}, periods = {}, windows = {}, names = {},
+             widths = {}, longest = 0, smallest = math.huge, keep = math.huge}
   for i = 1, nrates do
     local limit, period = whole(quota[2 * i], 1), quota[2 * i + 1]
-    if type(period) == 'table' then
+    if type(period) == 'table' and #period == 2 then -- a bounded sliding rate
+      local length, width = whole(period[1], 1), whole(period[2], 1)
+      if not limit or not length or not width then return nil, 'bad rate #' .. i end
+      q.limits[i], q.periods[i], q.widths[i] = limit, length, width
+      q.names[i] = format('%d/%d', length, width)
+      if length + width > q.longest then q.longest = length + width end
+    elseif type(period) == 'table' then
       local w = read_windows(period)
       if not limit or not w then return nil, 'bad calendar rate #' .. i end
-      q.limits[i], q.periods[i], q.windows[i] = limit, 0, w
+      q.limits[i], q.periods[i], q.windows[i], q.names[i] = limit, 0, w, w.name
       if w.longest > q.longest then q.longest = w.longest end
-      if w.keep - w.margin < q.keep then q.keep = w.keep - w.margin end
+      if not w.name and w.keep - w.margin < q.keep then q.keep = w.keep - w.margin end
     else
       period = whole(period, 1)
       if not limit or not period then return nil, 'bad rate #' .. i end
@@ -128,7 +147,13 @@ local function read_quota(packed)
     if limit < q.smallest then q.smallest = limit end
   end
   q.horizon = math.max(q.longest, gap)
-  q.slack = math.max(math.floor(q.horizon / 10), 1000000) -- TTL and trimming batch, µs
+  if q.keep == math.huge then -- only bounded rates: the log keeps its calls KEEP_IDS
+    q.keep, q.horizon = now - KEEP_IDS, math.max(q.horizon, KEEP_IDS)
+  end
+  q.slack = math.max(math.floor(q.horizon / 10), 1000000) -- TTL renewal batch, µs
+  -- Trimming batch: a tenth of how far back the log reaches (not of the bounded rates'
+  -- periods, which it does not hold), so it holds at most 10 % more than it must.
+  q.batch = math.max(math.floor((now - q.keep) / 10), 1000000)
   q.cutoff = q.keep - 1 -- entries at or before it count in no window any more
   return q
 end
@@ -144,8 +169,22 @@ local function total_of(member)
 end
 
 local function pack_meta(k)
+  -- (nil when the key has no coarse log: a key without bounded rates pays 1 byte)
   return cmsgpack.pack('tc2', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
-    k.learned, k.from, k.born, k.wcum, k.idold)
+    k.learned, k.from, k.born, k.wcum, k.idold, next(k.coarse) and k.coarse or nil)
+end
+
+-- The coarse logs of a meta, as pack_meta writes them: name -> string of entries; one
+-- that is not well formed is left out (begun again, as if lost: coarse_of).
+local function read_coarse(packed)
+  local logs = {}
+  if type(packed) ~= 'table' then return logs end
+  for name, c in pairs(packed) do
+    if type(name) == 'string' and type(c) == 'string' and #c >= 13 and #c % 13 == 0 then
+      logs[name] = c
+    end
+  end
+  return logs
 end
 
 -- Write a key's M. When what still matters (`needed`) reaches past `expires`, L and M
@@ -207,11 +246,12 @@ end
 
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
-             since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1}
+             since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
+             views = {}}
   local fixed, older
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse = pcall(cmsgpack.unpack, state)
     if ok and (tag == 'tc2' or tag == 'tc1') and type(a) == 'number' and type(b) == 'number'
         and type(c) == 'number' and type(d) == 'number' and type(e) == 'number' and type(f) == 'number'
         and (tag == 'tc1' or (type(wcum) == 'number' and type(idold) == 'number')) then
@@ -220,7 +260,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' and type(j) == 'number' then
         k.since, k["until"], k.learned, k.from = g, h, i, j
       end
-      if tag == 'tc2' then k.wcum, k.idold = wcum, idold else older = true end
+      if tag == 'tc2' then k.wcum, k.idold, k.coarse = wcum, idold, read_coarse(coarse) else older = true end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
     end
@@ -302,6 +342,70 @@ local function cum_through(k, t)
   return total_of(hit)
 end
 
+-- Bounded rates (sliding_log.py: Coarse, coarse_of, placed). A bounded rate counts in a
+-- coarse log kept in M (name -> a string): one entry per bucket at the bucket's last
+-- moment, 13 bytes each, its slot (7 bytes) and the running total after it (6), the
+-- first entry the base. At most buckets + 2 entries, read in place by bisection: no
+-- redis.call, and no table built per call.
+local function slot_at(c, i) return (struct.unpack('>I7', c, 13 * i - 12)) end
+local function cum_at(c, i) return (struct.unpack('>I6', c, 13 * i - 5)) end
+local function c_entry(slot, cum) return struct.pack('>I7I6', slot, cum) end
+
+local function upto(c, read, value) -- how many entries have read(c, i) <= value
+  local lo, hi = 0, #c / 13
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if read(c, mid) <= value then lo = mid else hi = mid - 1 end
+  end
+  return lo
+end
+
+local function c_add(c, at, cost) -- c with cost more in the bucket ending at `at`
+  local n = #c / 13
+  local cum = cum_at(c, n) + cost
+  if at <= slot_at(c, n) then return string.sub(c, 1, -7) .. struct.pack('>I6', cum) end
+  return c .. c_entry(at, cum)
+end
+
+-- The coarse log `name`, holding every unit of the key: begun with all of them at the
+-- newest slot if there is none (or not this key's), and the units it lacks (booked while
+-- the rate was not bounded) added there. Kept in M only when a call is booked in it
+-- (book_coarse), as on every store; k.views holds it for the rest of this call.
+local function coarse_of(k, name)
+  local c = k.views[name]
+  if c then return c end
+  c = k.coarse[name]
+  local total = c and cum_at(c, #c / 13)
+  if not c or total > k.total then
+    c = k.last < 0 and c_entry(0, k.total) or c_entry(0, 0) .. c_entry(k.last, k.total)
+  elseif total < k.total then
+    c = c_add(c, k.last, k.total - total)
+  end
+  k.views[name] = c
+  return c
+end
+
+-- Rate i's "running total through t", "slot at which the total reaches `target`" and
+-- base: in its coarse log if it is bounded, else in the key's log.
+local function through(k, i, t)
+  local name = k.q.names[i]
+  if not name then return cum_through(k, t) end
+  local c = coarse_of(k, name)
+  return cum_at(c, math.max(upto(c, slot_at, t), 1))
+end
+
+local function base_of(k, i)
+  local name = k.q.names[i]
+  return name and cum_at(coarse_of(k, name), 1) or k.base
+end
+
+local function reach(k, i, target)
+  local name = k.q.names[i]
+  if not name then return time_at_cum(k, target) end
+  local c = coarse_of(k, name)
+  return slot_at(c, upto(c, cum_at, target - 1) + 1)
+end
+
 -- Calendar rates (sliding_log.py, step for step): the given windows that count a slot
 -- (first and last index; nil if one is not given), the units a window counts, and the
 -- earliest slot from `slot` at which `cost` fits every calendar rate (or only rate
@@ -315,8 +419,9 @@ local function counting(w, slot)
   return own, own + 1
 end
 
-local function counted(k, w, i)
-  return cum_through(k, w.ends[i] - 1) - cum_through(k, w.starts[i] - w.margin - 1)
+local function counted(k, r, i) -- (rate r's window i)
+  local w = k.q.windows[r]
+  return through(k, r, w.ends[i] - 1) - through(k, r, w.starts[i] - w.margin - 1)
 end
 
 local function learned_units(k) -- units a learned limit counts: slots in [since, until),
@@ -333,7 +438,7 @@ local function calendar_slot(k, slot, cost, only)
         local first, last = counting(w, slot)
         if not first then return nil, slot end
         for j = first, last do
-          if counted(k, w, j) + cost > q.limits[i] then
+          if counted(k, i, j) + cost > q.limits[i] then
             slot, moved = w.ends[j], true
             break
           end
@@ -363,10 +468,10 @@ local function earliest_slot(k, cost)
   k.seen = {}
   for i = 1, q.nrates do
     if not q.windows[i] then
-      local target, through = k.total - q.limits[i] + cost, cum_through(k, now - q.periods[i])
-      k.seen[i] = through
-      if target > through then
-        slot = math.max(slot, time_at_cum(k, target) + q.periods[i])
+      local target, older = k.total - q.limits[i] + cost, through(k, i, now - q.periods[i])
+      k.seen[i] = older
+      if target > older then
+        slot = math.max(slot, reach(k, i, target) + q.periods[i])
       end
     end
   end
@@ -378,15 +483,15 @@ local function remaining_at(k, point, out)
   for i = 1, q.nrates do
     local w, used = q.windows[i]
     if not w then
-      local through = point == now and k.seen and k.seen[i] -- (bookings come at now or later)
-      used = k.total - (through or cum_through(k, point - q.periods[i]))
+      local older = point == now and k.seen and k.seen[i] -- (bookings come at now or later)
+      used = k.total - (older or through(k, i, point - q.periods[i]))
     else
       local first, last = counting(w, point)
       if first then
         used = 0
-        for j = first, last do used = math.max(used, counted(k, w, j)) end
+        for j = first, last do used = math.max(used, counted(k, i, j)) end
       else -- outside the windows given: the one holding now, every booked unit counted
-        used = k.total - cum_through(k, w.keep - w.margin - 1)
+        used = k.total - through(k, i, w.keep - w.margin - 1)
       end
     end
     out[#out + 1] = math.max(0, q.limits[i] - used)
@@ -404,7 +509,6 @@ end
 -- The ids are kept only while a retry can come: KEEP_IDS after their slot (a limiter's
 -- retries of a call end within its retry_for, 1 s by default, plus a 1 s timeout), then
 -- dropped in batches (M's idold), so they add almost nothing to a long log's memory.
-local KEEP_IDS = 5000000
 
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
   local score = redis.call('ZSCORE', k.log, 'c' .. id)
@@ -438,6 +542,32 @@ local function check_cost(q, cost)
   end
 end
 
+-- A call at `slot`, in each coarse log of the key's bounded rates (once per log; before
+-- k.total counts it): in the bucket that counts it, the entries no window from now on
+-- reads dropped but the newest of them, the base (sliding_log.book).
+local function book_coarse(k, slot, cost)
+  local q, done = k.q, {}
+  for i = 1, q.nrates do
+    local name, w = q.names[i], q.windows[i]
+    if name and not done[name] then
+      done[name] = true
+      local c, at, cutoff = coarse_of(k, name)
+      if w then -- the end of its window, or of the margin before that end
+        local own = counting(w, slot)
+        at = w.ends[own] - 1
+        if slot < w.ends[own] - w.margin then at = at - w.margin end
+        cutoff = w.keep - w.margin - 1
+      else
+        at, cutoff = slot - slot % q.widths[i] + q.widths[i] - 1, now - q.periods[i]
+      end
+      c = c_add(c, at, cost)
+      local drop = upto(c, slot_at, cutoff) - 1
+      if drop > 0 then c = string.sub(c, 13 * drop + 1) end
+      k.coarse[name], k.views[name] = c, c
+    end
+  end
+end
+
 -- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
 -- retries are found in the first key); false if the id is already booked.
 local function book(k, slot, cost, id)
@@ -452,12 +582,13 @@ local function book(k, slot, cost, id)
   else
     redis.call('ZADD', k.log, format('%d', slot), entry(cum))
   end
+  book_coarse(k, slot, cost)
   if cost > 1 then k.wcum = cum end
   k.total, k.last = cum, slot
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
   if fresh then k.first = slot end
   local cutoff = k.q.cutoff
-  if k.first <= cutoff - k.q.slack then -- trim a batch: entries no window can reach any more
+  if k.first <= cutoff - k.q.batch then -- trim a batch: entries no window can reach any more
     k.base = cum_through(k, cutoff)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
     k.first = tonumber(redis.call('ZRANGEBYSCORE', k.log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
@@ -778,14 +909,14 @@ local function run(keys, argv)
       local w, used, ready = q.windows[i]
       if w then
         if w.starts[1] == w.keep and now >= w.ends[1] then return stale(now) end
-        used = through_now - cum_through(k, w.keep - w.margin - 1)
+        used = through_now - through(k, i, w.keep - w.margin - 1)
         ready, missing = calendar_slot(k, now, 1, i)
         if not ready then return stale(missing) end
       else
         ready = now -- when a call of cost 1 fits rate i
         local target = k.total - q.limits[i] + 1
-        if target > k.base then ready = math.max(now, time_at_cum(k, target) + q.periods[i]) end
-        used = through_now - cum_through(k, now - q.periods[i])
+        if target > base_of(k, i) then ready = math.max(now, reach(k, i, target) + q.periods[i]) end
+        used = through_now - through(k, i, now - q.periods[i])
       end
       answer[#answer + 1] = used
       answer[#answer + 1] = ready
@@ -801,8 +932,19 @@ local function run(keys, argv)
     end
     if till <= now or (k["until"] > now and since < k.since) then return '1' end
     if from < 0 then -- not marked: from the log, if it still holds every entry needed
-      if since < q.keep then return '1' end -- (an answer too late: entries may be trimmed)
-      from = cum_through(k, since - 1)
+      if since >= q.keep then
+        from = cum_through(k, since - 1)
+      else -- an answer later than the log keeps entries: a lower bound from the coarse
+        for i = 1, q.nrates do -- logs of the bounded rates whose windows still reach it
+          local name, w, reaches = q.names[i], q.windows[i], nil -- (counted_before), else
+          if w then reaches = w.keep - w.margin <= since else reaches = now - q.periods[i] < since end
+          if name and reaches then -- it is ignored
+            local c = coarse_of(k, name)
+            from = math.max(from, cum_at(c, math.max(upto(c, slot_at, since - 1), 1)))
+          end
+        end
+        if from < 0 then return '1' end
+      end
     elseif born ~= k.born or from > k.total then -- the key was forgotten since: count all
       from = 0
     end
