@@ -20,6 +20,10 @@ and the script's server time (``INFO commandstats``) per call:
   limits moving 1000000/month  --calls calls only: its bytes grow with every call, so
                              the full window's are --calls' times limit / calls
 
+then the under-use: when the 6001st call at 600/minute may go, for workers that always
+have a call ready, exact (10 windows) and in 60, 12 and 6 buckets (at most one bucket of
+delay per window: 1/buckets of it).
+
     python benchmarks/bench_bounded.py --redis-server /usr/bin/redis-server
     python benchmarks/bench_bounded.py --calls 20000   # a quicker run
 """
@@ -127,6 +131,24 @@ def main() -> None:
         month = parse("1000000/month")
         used, usec = measure(conn, opts.calls, lambda: moving.hit(month, "token"))
         rows.append(("limits moving 1000000/month", opts.calls, used, usec))
+        # Under-use: workers that always have a call ready (acquire, sleeping on an
+        # injected clock) at 600/minute, exact and in 60, 12, 6 buckets: when the
+        # 6001st call may go (exact: 10 windows after the first).
+        use: list[tuple[str, float]] = []
+        for buckets in (None, 60, 12, 6):
+            clock = FakeClock()
+            greedy = Limiter(
+                RedisBackend(server.url),
+                rates=[Rate(600, 60, buckets=buckets)],
+                clock=clock,
+                sleep=clock.sleep,
+                namespace=f"use{buckets}",
+            )
+            start = clock.now
+            for _ in range(6000):
+                greedy.acquire("token")
+            after = greedy.acquire("token").slot - start
+            use.append(("exact" if buckets is None else f"{buckets} buckets", after))
         conn.close()
 
     print(
@@ -138,6 +160,13 @@ def main() -> None:
     for name, calls, used, usec in rows:
         cost = "-" if usec is None else f"{usec:.1f}"
         print(f"{name:<30} {calls:>9,} {used:>15,} {cost:>15}")
+    print("\nUnder-use at 600/minute, a call always ready: when the 6001st call goes")
+    exact = use[0][1]
+    for label, after in use:
+        print(
+            f"  {label:<12} {after:7.2f} s  ({after / exact - 1:+6.1%}: the limit's "
+            f"{exact / after:6.1%})"
+        )
     name, calls, used, _ = rows[-1]
     print(
         f"\n{name}: {used / calls:.1f} B per call, so ~{used / calls * 1_000_000 / 1e6:.0f} MB "
