@@ -31,6 +31,7 @@ def test_a_rate_is_bounded_by_keyword_or_in_its_string() -> None:
     assert month.bounded and month.buckets == 0 and month == Rate.parse(str(month))
     assert repr(month) == "Rate(1000000, 'month', tz='UTC', bounded=True)"
     assert not Rate.parse("5000/hour").bounded and Rate(5, 1) != Rate(5, 1, bounded=True)
+    assert Rate.parse("10/month,bounded") == Rate(10, "month", tz="UTC", bounded=True)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,11 @@ def test_a_rate_is_bounded_by_keyword_or_in_its_string() -> None:
         (lambda: Rate(10, "day", tz="UTC", buckets=24), "buckets=24 belongs to sliding rates"),
         (lambda: Rate.parse("10/day in 1 buckets"), "'10/day in 1 buckets'"),
         (lambda: Rate.parse("10/day in 123456 buckets"), "from 2 to 1000"),
+        (lambda: Rate(10, 60, bounded=False, buckets=6), "buckets=6 makes a rate bounded"),
+        (lambda: Rate(10, 5e-06, buckets=48), "5 µs cannot be counted in 48 buckets"),
+        (lambda: Rate.parse("10/day in 48buckets"), "as '... in 48 buckets'"),
+        (lambda: Rate.parse("10/month in 4 buckets"), "in a string: '..., bounded'"),
+        (lambda: Rate.parse("10/day in 4 buckets, bounded"), "each optionally bounded"),
     ],
 )
 def test_a_bad_bucket_count_is_refused_by_name(make: Any, words: str) -> None:
@@ -114,9 +120,9 @@ def test_a_bounded_calendar_rate_decides_as_the_exact_one(make_limiter: Any) -> 
 def test_a_bounded_limiter_counts_the_calls_of_an_exact_one_on_the_same_key(
     make_limiter: Any,
 ) -> None:
-    """Limiters sharing a key need not agree on which rates are bounded: the units of
-    calls booked by one that keeps no coarse log count for the other, at the newest
-    slot (never too few)."""
+    """Against the rule (every worker sharing a key uses the same rates), as while a
+    fleet switches: the units of calls booked by a limiter that keeps no coarse log
+    count for the bounded one, at the newest slot (never too few)."""
     clock = FakeClock()
     exact = make_limiter(rates=[Rate(100, 60)], clock=clock)
     bounded = make_limiter(rates=[Rate(5, 60, buckets=6)], clock=clock, backend=exact.backend)
@@ -128,6 +134,61 @@ def test_a_bounded_limiter_counts_the_calls_of_an_exact_one_on_the_same_key(
     assert not refused.allowed and refused.remaining == (0,)
     clock.advance(refused.retry_after)
     assert bounded.try_acquire("token").allowed
+
+
+def _fullest(slots: list[float], period: float) -> int:
+    """The most slots in any sliding window of ``period`` (they come in order)."""
+    return max(i - bisect.bisect_right(slots, slot - period) + 1 for i, slot in enumerate(slots))
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("100/hour in 4 buckets", "100/hour"),
+        ("100/day in UTC, bounded", "100/day in UTC"),
+        ("100/hour", "100/hour in 4 buckets"),
+    ],
+)
+def test_a_rate_switched_between_bounded_and_exact_never_over_uses(
+    make_limiter: Any, before: str, after: str
+) -> None:
+    """Every worker switches at once, on a key in use. A bounded limiter trims the key's
+    own log to 5 s; the exact one that follows counts those trimmed calls as at the
+    trim's slot (LogView.trimmed), the latest they can be, not as long gone."""
+    clock = FakeClock(1_700_000_000 - 1_700_000_000 % 86400 + 3600)
+    slots = []
+    first = make_limiter(rates=[before], clock=clock)
+    for _ in range(100):
+        slots.append(first.acquire("token").slot)
+        clock.advance(6)
+    clock.advance(60)
+    then = make_limiter(rates=[after], clock=clock, backend=first.backend)
+    for _ in range(100):
+        decision = then.try_acquire("token")
+        if decision.allowed:
+            slots.append(decision.slot)
+        clock.advance(1)
+    window = 86400 if "day" in before else 3600
+    assert _fullest(slots, window) <= 100
+    clock.advance(window)  # and no stall past a window after the switch
+    assert then.try_acquire("token").allowed
+
+
+def test_exact_and_bounded_workers_on_one_key_never_over_use(make_limiter: Any) -> None:
+    """Against the rule (every worker sharing a key uses the same rates), but safe all
+    the same: the exact worker finds the bounded one's trimming and counts the trimmed
+    calls at its slot; the bounded one catches up with the exact one's calls."""
+    clock = FakeClock()
+    exact = make_limiter(rates=["100/hour"], clock=clock)
+    bounded = make_limiter(rates=["100/hour in 4 buckets"], clock=clock, backend=exact.backend)
+    slots = []
+    for i in range(400):
+        decision = (exact if i % 2 else bounded).try_acquire("token")
+        if decision.allowed:
+            slots.append(decision.slot)
+        clock.advance(30)
+    assert _fullest(slots, 3600) <= 100
+    assert len(slots) >= 100
 
 
 # -- memory: bounded whatever the limit ----------------------------------------------------

@@ -34,12 +34,12 @@ _RATE_RE = re.compile(
 )
 
 
-# A calendar window's nominal length (``Rate.period``, for display and rough sums only:
-# the store counts in the real windows, 23- to 25-hour days, 28- to 31-day months).
 # A bounded sliding rate's buckets per window, unless told (under-use at most 1/60 of it),
 # and the range allowed (each bucket is one entry of the key's meta: a few bytes each).
 DEFAULT_BUCKETS = 60
 MAX_BUCKETS = 1000
+# A calendar window's nominal length (``Rate.period``, for display and rough sums only:
+# the store counts in the real windows, 23- to 25-hour days, 28- to 31-day months).
 _NOMINAL = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "week": 604800.0,
             "month": 2629746.0}  # fmt: skip
 
@@ -89,9 +89,10 @@ class Rate:
     ``bounded=True`` keeps the key's memory for this rate bounded whatever the limit
     (docs/design.md §1, "Bounded rates"): the store counts it by bucket, not by call. A
     calendar rate is then counted per window, exactly as before; a sliding rate counts
-    each bucket (``buckets`` per period, 60 unless told) until the bucket's last moment
-    leaves the window, so it never admits more than the limit in any window, and holds a
-    call back at most one bucket (1/buckets of the period) longer than the exact log:
+    each bucket (``buckets`` per period, from 2 to 1000, 60 unless told) until the
+    bucket's last moment leaves the window, so it never admits more than the limit in
+    any window, and holds a call back at most one bucket (1/buckets of the period)
+    longer than the exact log:
 
     >>> Rate(70000, timedelta(days=1), buckets=48) == Rate.parse("70000/day in 48 buckets")
     True
@@ -112,16 +113,22 @@ class Rate:
         *,
         tz: str | ZoneInfo | None = None,
         anchor: date | str | int | None = None,
-        bounded: bool = False,
+        bounded: bool | None = None,
         buckets: int | None = None,
     ) -> None:
-        if not isinstance(bounded, bool):
+        if bounded is not None and not isinstance(bounded, bool):
             raise ConfigurationError(f"bounded must be True or False, not {bounded!r}")
         if buckets is not None:
             if isinstance(period, str):
                 raise ConfigurationError(
                     f"buckets={buckets!r} belongs to sliding rates: a calendar rate is "
-                    f"counted per window; give bounded=True for that"
+                    f"counted per window when bounded: drop buckets and give bounded=True "
+                    f"(in a string: '..., bounded')"
+                )
+            if bounded is False:
+                raise ConfigurationError(
+                    f"buckets={buckets!r} makes a rate bounded, and bounded=False says "
+                    "it is not: give one of them"
                 )
             if (
                 isinstance(buckets, bool)
@@ -132,6 +139,7 @@ class Rate:
                     f"buckets must be a whole number from 2 to {MAX_BUCKETS}, not {buckets!r}"
                 )
             bounded = True
+        bounded = bool(bounded)
         object.__setattr__(self, "bounded", bounded)
         object.__setattr__(
             self,
@@ -157,6 +165,12 @@ class Rate:
         seconds = bounded_seconds(period, "rate period", lowest=MIN_PERIOD)
         object.__setattr__(self, "period", seconds)
         object.__setattr__(self, "calendar", None)
+        if self.buckets > self.period_us:
+            more = f": give buckets= from 2 to {self.period_us}" if self.period_us >= 2 else ""
+            raise ConfigurationError(
+                f"a period of {self.period_us} µs cannot be counted in {self.buckets} "
+                f"buckets (one per µs at most){more}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> Rate:
@@ -188,7 +202,13 @@ class Rate:
             raise ConfigurationError(
                 f"cannot parse rate {text!r}: expected '<limit>/<period>' such as "
                 "'5000/hour', '10/second' or '100/15 minutes', or a calendar window such "
-                "as '10000/day in America/Los_Angeles' or '3000/month from 2026-01-30'"
+                "as '10000/day in America/Los_Angeles' or '3000/month from 2026-01-30', "
+                "each optionally bounded: '70000/day in 48 buckets', '3000/month, bounded'"
+            )
+        if tz and "bucket" in tz.lower():
+            raise ConfigurationError(
+                f"cannot parse rate {text!r}: write a bounded rate's buckets as "
+                "'... in 48 buckets' (2 to 1000)"
             )
         bounded = bool(match["bounded"] or match["buckets"])
         buckets = None

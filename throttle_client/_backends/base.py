@@ -83,9 +83,9 @@ class Buckets:
 # A sliding period in µs, a bounded sliding rate's, or a calendar rate's windows.
 Period = int | Buckets | Windows
 
-# How long a store keeps a logged call (so its id) after its slot at least: a retry of
-# a call comes within its retry_for (1 s by default) and a timeout, and a key with only
-# bounded rates would otherwise drop every entry at once.
+# How long a store keeps a key's logged calls (so their ids) when every rate of the
+# quota is bounded: a retry of a call comes within its retry_for (1 s by default) and a
+# timeout, and such a key would otherwise drop every entry at once.
 KEEP_IDS_US = 5_000_000
 
 

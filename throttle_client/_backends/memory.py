@@ -37,6 +37,7 @@ class _MemoryLog:
         "pause_until",
         "times",
         "total",
+        "trimmed",
     )
 
     def __init__(self) -> None:
@@ -47,6 +48,7 @@ class _MemoryLog:
         self.last: int | None = None
         self.total = 0
         self.base = 0
+        self.trimmed = 0
         self.pause_until = 0
         self.learned: tuple[int, int, int, int] | None = None
         self.born = 0  # set by the store when it begins the key
@@ -60,6 +62,8 @@ class _MemoryLog:
         return self.times[bisect_left(self.cums, target)]
 
     def cum_through(self, t: int) -> int:
+        if t < self.trimmed:
+            return 0
         index = bisect_right(self.times, t)
         return self.cums[index - 1] if index else self.base
 
@@ -78,7 +82,7 @@ class _MemoryLog:
     def trim(self, cutoff: int) -> None:
         count = bisect_right(self.times, cutoff)
         if count:
-            self.base = self.cums[count - 1]
+            self.base, self.trimmed = self.cums[count - 1], cutoff
             for call_id in self.call_ids[:count]:
                 del self.ids[call_id]
             del self.times[:count], self.cums[:count], self.call_ids[:count]

@@ -10,8 +10,8 @@ time ``t`` and ``cum``, the running total of costs up to and including it. Becau
 slots never go backwards, time order and ``cum`` order agree, so "how much cost
 lies after time X" and "when did the running total cross Y" are both one indexed
 lookup: the work per decision is O(log n) per rate, whatever the cost of a call.
-Entries older than the longest period are trimmed; ``base`` is the running total
-at the newest trimmed entry.
+Entries older than the longest exact window are trimmed (5 s when every rate is
+bounded, below); ``base`` is the running total at the newest trimmed entry.
 
 A bounded rate (Rate.bounded, docs/design.md §1 "Bounded rates") counts in a coarse log
 of its own instead (:class:`Coarse`): one entry per bucket, at the bucket's last moment,
@@ -59,6 +59,11 @@ class LogView(Protocol):
     last: int | None  # slot of the newest admitted call, kept after it is trimmed
     total: int  # running total of all admitted costs
     base: int  # running total at the newest trimmed entry
+    # The log holds every entry after this slot; those at or before it may be gone (0:
+    # none). A decision that reaches back before it (a limiter whose rates reach further
+    # than those that trimmed the log: rates changed, or made bounded or exact) counts
+    # every trimmed unit as at this slot, the latest it can be: never too few.
+    trimmed: int
     pause_until: int
     # What the upstream said (base.Learn): (since, until, limit, from_cum), or None.
     learned: tuple[int, int, int, int] | None
@@ -71,7 +76,8 @@ class LogView(Protocol):
         """Slot of the first entry whose running total is >= target (one exists)."""
 
     def cum_through(self, t: int) -> int:
-        """Running total at the newest entry with slot <= t (``base`` if none)."""
+        """Running total at the newest entry with slot <= t (``base`` if none; 0 before
+        ``trimmed``: how many of the trimmed units lie before it is not known)."""
 
     def first_after(self, t: int) -> int | None:
         """Slot of the oldest entry with slot > t."""
@@ -105,6 +111,8 @@ class Counts(Protocol):
     def total(self) -> int: ...
     @property
     def base(self) -> int: ...
+    @property
+    def trimmed(self) -> int: ...
     def time_at_cum(self, target: int) -> int: ...
     def cum_through(self, t: int) -> int: ...
 
@@ -114,8 +122,8 @@ class Coarse:
     bucket's last moment. The first entry is the base: every unit up to its total lies
     at or before its slot, which is before every window still read (the marker a trim
     leaves), so no separate ``base`` has to be kept. One entry per bucket from the
-    window's start to the newest booked slot: a sliding rate's ``buckets + 2`` while no
-    call is booked further ahead than a bucket."""
+    window's start to the newest booked slot: about ``buckets + 3`` for a sliding rate
+    (its window widened by the margin) while no call is booked further ahead."""
 
     __slots__ = ("cums", "times")
 
@@ -131,6 +139,10 @@ class Coarse:
     @property
     def base(self) -> int:
         return self.cums[0]
+
+    @property
+    def trimmed(self) -> int:  # (the base's units all lie at or before its slot)
+        return self.times[0]
 
     def flat(self) -> list[int]:
         return [n for pair in zip(self.times, self.cums, strict=True) for n in pair]
@@ -243,10 +255,13 @@ def fits_at(log: Counts, limit: int, period: int, cost: int) -> int:
 
     Slots never go backwards, so every entry lies at or before any new slot: the window
     ending there must drop every entry up to the one at which the running total reaches
-    total - limit + cost; if that one is already trimmed, it is long gone from every window.
+    total - limit + cost; if that one is already trimmed, it lies at or before
+    ``trimmed`` (which a log's own rates have long left behind).
     """
     target = log.total - limit + cost
-    return log.time_at_cum(target) + period if target > log.base else 0
+    if target <= 0:
+        return 0
+    return (log.time_at_cum(target) if target > log.base else log.trimmed) + period
 
 
 # -- calendar rates (issue 11) ---------------------------------------------------------------
@@ -379,6 +394,8 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
         return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
     try:
         slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
+        # (A slot the lead moved on must fit the calendar windows there too.)
+        slot = calendar_slot(log, op.quota, slot, op.cost)
     except Stale as stale:  # nothing written: the limiter asks again with windows there
         return Verdict(False, now, stale.at, log.pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:

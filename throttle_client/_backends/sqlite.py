@@ -9,7 +9,7 @@ read while waiting for the lock would already lie in the past.
 Tables (keys are the limiter's hashed store keys, never an access token)::
 
     tc_entries(key, slot, cum, call_id)   one row per admitted call
-    tc_meta(key, last, total, base, pause_until, expires_at, born)
+    tc_meta(key, last, total, base, pause_until, expires_at, born, trimmed)
     tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
     tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
     tc_learned(key, since, until, lim, from_cum)   a limit learned from the upstream
@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS tc_meta (
     base INTEGER NOT NULL,
     pause_until INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
-    born INTEGER NOT NULL DEFAULT 0
+    born INTEGER NOT NULL DEFAULT 0,
+    trimmed INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
 CREATE TABLE IF NOT EXISTS tc_holders (
@@ -113,7 +114,7 @@ CREATE TABLE IF NOT EXISTS tc_coarse (
 _META = (
     "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, "
     "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim, l.from_cum, "
-    "m.born "
+    "m.born, m.trimmed "
     "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
@@ -198,6 +199,7 @@ class _SQLiteLog:
         self.last: int | None = None
         self.total = 0
         self.base = 0
+        self.trimmed = 0  # (sliding_log.LogView.trimmed)
         self.pause_until = 0
         self.learned: tuple[int, int, int, int] | None = None
         self.learned_dirty = False
@@ -222,6 +224,7 @@ class _SQLiteLog:
             if all(type(n) is int for n in row[6:10]):
                 self.learned = row[6:10]
             self.born = row[10] if type(row[10]) is int else 0
+            self.trimmed = row[11] if type(row[11]) is int else 0
             if self.total > self.base and not row[5]:
                 self.lost = "log"
         elif writable:  # nothing in it matters any more: start afresh
@@ -275,6 +278,8 @@ class _SQLiteLog:
         return slot
 
     def cum_through(self, t: int) -> int:
+        if t < self.trimmed:
+            return 0
         cum: int | None = self._one(_CUM_THROUGH, t)
         return self.base if cum is None else cum
 
@@ -291,7 +296,7 @@ class _SQLiteLog:
     def trim(self, cutoff: int) -> None:
         newest = self._one(_CUM_THROUGH, cutoff)
         if newest is not None:
-            self.base = newest
+            self.base, self.trimmed = newest, max(self.trimmed, cutoff)
             self.dirty = True
             self.db.execute(_TRIM, (self.key, cutoff))
 
@@ -310,7 +315,7 @@ class _SQLiteLog:
         self.db.execute(_FORGET_COARSE, (self.key,))
         self.coarse_logs, self.coarse_dirty = {}, False
         self.last, self.total, self.base, self.pause_until, self.expires_at = None, 0, 0, 0, 0
-        self.learned, self.dirty, self.learned_dirty = None, False, False
+        self.learned, self.dirty, self.learned_dirty, self.trimmed = None, False, False, 0
 
     def expire_at(self, when: int) -> None:
         if when > self.expires_at:
@@ -345,11 +350,12 @@ class _SQLiteLog:
             )
         if self.dirty:
             self.db.execute(
-                "INSERT INTO tc_meta (key, last, total, base, pause_until, expires_at, born) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "INSERT INTO tc_meta "
+                "(key, last, total, base, pause_until, expires_at, born, trimmed) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
                 "last = excluded.last, total = excluded.total, base = excluded.base, "
                 "pause_until = excluded.pause_until, expires_at = excluded.expires_at, "
-                "born = excluded.born",
+                "born = excluded.born, trimmed = excluded.trimmed",
                 (
                     self.key,
                     self.last,
@@ -358,6 +364,7 @@ class _SQLiteLog:
                     self.pause_until,
                     self.expires_at,
                     self.born,
+                    self.trimmed,
                 ),
             )
         if self.learned_dirty and self.learned is not None:
@@ -659,6 +666,8 @@ class SQLiteBackend(Backend):
                 columns = {row[1] for row in db.execute("PRAGMA table_info(tc_meta)")}
                 if "born" not in columns:
                     db.execute("ALTER TABLE tc_meta ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
+                if "trimmed" not in columns:  # (issue 13: 0, a log that lost nothing)
+                    db.execute("ALTER TABLE tc_meta ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0")
                 columns = {row[1] for row in db.execute("PRAGMA table_info(tc_learned)")}
                 if "from_cum" not in columns:  # (made between two commits of issue 11)
                     db.execute("DROP TABLE tc_learned")

@@ -328,11 +328,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     for entry in report:
         print(f"{entry['key']}  (store key {entry['store_key']})")
+        width = max(14, *(len(r["rate"]) for r in entry["rates"]))  # (one column of rates)
         for r in entry["rates"]:
             wait = f", a call can go in {r['resets_in']:.3f} s" if r["resets_in"] else ""
             counts = f"used {r['used']}, booked {r['booked']}, remaining {r['remaining']}"
             window = "" if r["resets_at"] is None else f", window ends {_when(r['resets_at'])}"
-            print(f"  {r['rate']:<14} {counts}{wait}{window}")
+            print(f"  {r['rate']:<{width}} {counts}{wait}{window}")
         learned = entry["learned"]
         if learned is not None:
             print(

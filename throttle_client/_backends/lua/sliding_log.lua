@@ -11,13 +11,14 @@
 --         Besides, for KEEP_IDS after their slot only, the calls' ids: member "c" .. call
 --         id, score -(slot + 1) (<= -1), so that a retried call finds its slot ("Call ids").
 -- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
---            until, limit, from, born, wcum, idold, coarse) (µs and costs; -1 for no entry; since..from:
+--            until, limit, from, born, wcum, idold, coarse, trimmed) (µs and costs; -1 for no entry; since..from:
 --            a limit learned from the upstream, counted from running total `from`, until 0
 --            for none; born: when the key's running totals began, the script's now when
 --            it makes a meta afresh; wcum: the running total of the newest entry that cost
 --            more than 1; idold: the slot of the oldest call id in L, -1 for none; coarse:
 --            the bounded rates' coarse logs, name -> 13 bytes per entry, see "Bounded
---            rates", or nil for none: older versions read the rest and drop it). A
+--            rates", or nil for none: older versions read the rest and drop it;
+--            trimmed: L holds every entry after this slot, 0 for all). A
 --            "tc1" meta is an older version's layout (two members per call, kept as
 --            long as the entries): its log is rewritten in this one, see convert().
 --            L and M are given one TTL together.
@@ -171,7 +172,7 @@ end
 local function pack_meta(k)
   -- (nil when the key has no coarse log: a key without bounded rates pays 1 byte)
   return cmsgpack.pack('tc2', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
-    k.learned, k.from, k.born, k.wcum, k.idold, next(k.coarse) and k.coarse or nil)
+    k.learned, k.from, k.born, k.wcum, k.idold, next(k.coarse) and k.coarse or nil, k.trimmed)
 end
 
 -- The coarse logs of a meta, as pack_meta writes them: name -> string of entries; one
@@ -247,11 +248,11 @@ end
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
              since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
-             views = {}}
+             views = {}, trimmed = 0}
   local fixed, older
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse, trimmed = pcall(cmsgpack.unpack, state)
     if ok and (tag == 'tc2' or tag == 'tc1') and type(a) == 'number' and type(b) == 'number'
         and type(c) == 'number' and type(d) == 'number' and type(e) == 'number' and type(f) == 'number'
         and (tag == 'tc1' or (type(wcum) == 'number' and type(idold) == 'number')) then
@@ -260,7 +261,12 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       if type(g) == 'number' and type(h) == 'number' and type(i) == 'number' and type(j) == 'number' then
         k.since, k["until"], k.learned, k.from = g, h, i, j
       end
-      if tag == 'tc2' then k.wcum, k.idold, k.coarse = wcum, idold, read_coarse(coarse) else older = true end
+      if tag == 'tc2' then
+        k.wcum, k.idold, k.coarse = wcum, idold, read_coarse(coarse)
+        k.trimmed = type(trimmed) == 'number' and trimmed or 0
+      else
+        older = true
+      end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
     end
@@ -317,12 +323,14 @@ local function placed(k, back) -- the entry `back` places before the newest: slo
   if slot and slot >= 0 then return slot, total_of(hit[1]) end
 end
 
--- The slot at which the running total reaches `target` (base < target <= total): that
--- of the oldest entry whose total is at least `target`. When every entry after it cost
+-- The slot at which the running total reaches `target` (0 < target <= total): that
+-- of the oldest entry whose total is at least `target`; `trimmed` for a unit trimmed (it
+-- lies at or before it: sliding_log.LogView.trimmed). When every entry after it cost
 -- 1, it is `total - target` places before the newest: one lookup. Otherwise a bisection
 -- over places: the entry at `lo` reaches the target, the one at `hi` does not (each entry
 -- costs at least 1, so `total - target + 1` places back is below it, or not there).
 local function time_at_cum(k, target)
+  if target <= k.base then return k.trimmed end
   if target >= k.wcum then
     local slot = placed(k, k.total - target)
     if slot then return slot end
@@ -337,6 +345,7 @@ local function time_at_cum(k, target)
 end
 
 local function cum_through(k, t)
+  if t < k.trimmed then return 0 end -- (how many trimmed units lie before t is not known)
   if k.first < 0 or t < k.first then return k.base end
   local hit = redis.call('ZREVRANGEBYSCORE', k.log, format('%d', t), 0, 'LIMIT', 0, 1)[1]
   return total_of(hit)
@@ -345,7 +354,7 @@ end
 -- Bounded rates (sliding_log.py: Coarse, coarse_of, placed). A bounded rate counts in a
 -- coarse log kept in M (name -> a string): one entry per bucket at the bucket's last
 -- moment, 13 bytes each, its slot (7 bytes) and the running total after it (6), the
--- first entry the base. At most buckets + 2 entries, read in place by bisection: no
+-- first entry the base. About buckets + 3 entries, read in place by bisection: no
 -- redis.call, and no table built per call.
 local function slot_at(c, i) return (struct.unpack('>I7', c, 13 * i - 12)) end
 local function cum_at(c, i) return (struct.unpack('>I6', c, 13 * i - 5)) end
@@ -385,18 +394,13 @@ local function coarse_of(k, name)
   return c
 end
 
--- Rate i's "running total through t", "slot at which the total reaches `target`" and
--- base: in its coarse log if it is bounded, else in the key's log.
+-- Rate i's "running total through t" and "slot at which the total reaches `target`": in
+-- its coarse log if it is bounded, else in the key's log.
 local function through(k, i, t)
   local name = k.q.names[i]
   if not name then return cum_through(k, t) end
   local c = coarse_of(k, name)
   return cum_at(c, math.max(upto(c, slot_at, t), 1))
-end
-
-local function base_of(k, i)
-  local name = k.q.names[i]
-  return name and cum_at(coarse_of(k, name), 1) or k.base
 end
 
 local function reach(k, i, target)
@@ -589,7 +593,7 @@ local function book(k, slot, cost, id)
   if fresh then k.first = slot end
   local cutoff = k.q.cutoff
   if k.first <= cutoff - k.q.batch then -- trim a batch: entries no window can reach any more
-    k.base = cum_through(k, cutoff)
+    k.base, k.trimmed = cum_through(k, cutoff), math.max(k.trimmed, cutoff)
     redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
     k.first = tonumber(redis.call('ZRANGEBYSCORE', k.log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
   end
@@ -875,6 +879,14 @@ local function run(keys, argv)
       return stale(missing)
     end
     local slot = math.max(earliest, now + lead)
+    if slot > earliest then -- a slot the lead moved on must fit the calendar windows there too
+      slot, missing = calendar_slot(k, slot, cost)
+      if not slot then
+        local earlier = booked(k, id)
+        if earlier then return admitted(earlier) end
+        return stale(missing)
+      end
+    end
     if max_wait >= 0 and slot - now > max_wait then
       local earlier = booked(k, id)
       if earlier then return admitted(earlier) end
@@ -915,7 +927,7 @@ local function run(keys, argv)
       else
         ready = now -- when a call of cost 1 fits rate i
         local target = k.total - q.limits[i] + 1
-        if target > base_of(k, i) then ready = math.max(now, reach(k, i, target) + q.periods[i]) end
+        if target > 0 then ready = math.max(now, reach(k, i, target) + q.periods[i]) end
         used = through_now - through(k, i, now - q.periods[i])
       end
       answer[#answer + 1] = used
