@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeGuard, TypeVar
 
 from .._errors import ConfigurationError
 from .doorbell import Doorbell
@@ -120,13 +120,13 @@ class Quota:
             (
                 now - p + 1 if isinstance(p, int) else p.keep_from - p.margin_us
                 for _, p in self.limits
-                if isinstance(p, int) or (isinstance(p, Windows) and not p.name)
+                if _exact(p)
             ),
             default=now - KEEP_IDS_US,
         )
 
 
-def _exact(period: Period) -> bool:
+def _exact(period: Period) -> TypeGuard[int | Windows]:
     """Whether a rate counts in the key's log of calls (not bounded)."""
     return not isinstance(period, Buckets) and not (isinstance(period, Windows) and period.name)
 

@@ -393,9 +393,9 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
         # (Not marked: entries before it may be trimmed since it was booked.)
         return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
     try:
-        slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
-        # (A slot the lead moved on must fit the calendar windows there too.)
-        slot = calendar_slot(log, op.quota, slot, op.cost)
+        slot = earliest_slot(log, op.quota, now, op.cost)
+        if now + op.lead_us > slot:  # a slot the lead moves on must fit the windows there too
+            slot = calendar_slot(log, op.quota, now + op.lead_us, op.cost)
     except Stale as stale:  # nothing written: the limiter asks again with windows there
         return Verdict(False, now, stale.at, log.pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
