@@ -33,7 +33,9 @@ from throttle_client.testing import RedisServer
 
 HIGH = 10**9
 
-FLOOR = """
+# What every admission reads (the server's time, the quota, the meta, the lost-log
+# check) and writes back (the meta): the same in the floors below.
+READ = """
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local quota = cmsgpack.unpack(ARGV[2])
@@ -44,6 +46,15 @@ if state then
   _, last, total, _, _, _, _, _, _, _, _, born = cmsgpack.unpack(state)
   redis.call('EXISTS', KEYS[1])
 end
+"""
+WRITE = """
+local meta = cmsgpack.pack('tc2', slot, total, 0, 0, 0, 0, 0, 0, 0, 0, born, 0, -1)
+redis.call('SET', KEYS[2], meta, 'PX', 3600000)
+"""
+
+FLOOR = (
+    READ
+    + """
 local slot = math.max(now, last + quota[1])
 total = total + 1
 local args = {string.format('%d', slot), struct.pack('>I6', total)}
@@ -52,25 +63,19 @@ redis.call('ZADD', KEYS[1], unpack(args))
 if WITH_LOOKUP then
   redis.call('ZREVRANGEBYSCORE', KEYS[1], string.format('%d', now - 1000000), 0, 'LIMIT', 0, 1)
 end
-local meta = cmsgpack.pack('tc2', slot, total, 0, 0, 0, 0, 0, 0, 0, 0, born, 0, -1)
-redis.call('SET', KEYS[2], meta, 'PX', 3600000)
+"""
+    + WRITE
+    + """
 return string.format('%d %d %d %d %d %d', 1, now, slot, 0, 999, 999)
 """
+)
 
 
 # Eight admissions of one key in one call: what a batch op could share (target 4).
 BATCH = 8
-FLOOR_BATCH = """
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local quota = cmsgpack.unpack(ARGV[2])
-local state = redis.call('GET', KEYS[2])
-local last, total, born = -1, 0, now
-if state then
-  local _
-  _, last, total, _, _, _, _, _, _, _, _, born = cmsgpack.unpack(state)
-  redis.call('EXISTS', KEYS[1])
-end
+FLOOR_BATCH = (
+    READ
+    + """
 local args, replies, slot = {}, {}, last
 for i = 1, BATCH do
   slot = math.max(now, slot + quota[1])
@@ -82,10 +87,12 @@ for i = 1, BATCH do
   replies[i] = string.format('%d %d %d %d %d %d', 1, now, slot, 0, 999, 999)
 end
 redis.call('ZADD', KEYS[1], unpack(args))
-local meta = cmsgpack.pack('tc2', slot, total, 0, 0, 0, 0, 0, 0, 0, 0, born, 0, -1)
-redis.call('SET', KEYS[2], meta, 'PX', 3600000)
+"""
+    + WRITE
+    + """
 return table.concat(replies, ',')
 """
+)
 
 
 def per_call(conn: redis.Redis, call: object, calls: int) -> float:
