@@ -133,6 +133,8 @@ _FORGET_LEARNED = "DELETE FROM tc_learned WHERE key = ?"
 # ...]}: a few entries each, read and written whole, and only by limiters with one.
 _COARSE = "SELECT logs FROM tc_coarse WHERE key = ?"
 _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
+# Everything a key holds, but its leases: what a reset or an expiry forgets.
+_FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE)
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
@@ -309,10 +311,8 @@ class _SQLiteLog:
         self.learned_dirty = self.dirty = True
 
     def delete(self) -> None:
-        self.db.execute(_FORGET_ENTRIES, (self.key,))
-        self.db.execute(_FORGET_META, (self.key,))
-        self.db.execute(_FORGET_LEARNED, (self.key,))
-        self.db.execute(_FORGET_COARSE, (self.key,))
+        for forget in _FORGET_KEY:
+            self.db.execute(forget, (self.key,))
         self.coarse_logs, self.coarse_dirty = {}, False
         self.last, self.total, self.base, self.pause_until, self.expires_at = None, 0, 0, 0, 0
         self.learned, self.dirty, self.learned_dirty, self.trimmed = None, False, False, 0
@@ -844,10 +844,8 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     and a batch of leases that expired and tickets that died (their holders and waiters
     were killed) on keys nobody settles any more."""
     keys = db.execute(_EXPIRED, (now, _SWEEP_BATCH)).fetchall()
-    db.executemany(_FORGET_ENTRIES, keys)
-    db.executemany(_FORGET_META, keys)
-    db.executemany(_FORGET_LEARNED, keys)
-    db.executemany(_FORGET_COARSE, keys)
+    for forget in _FORGET_KEY:
+        db.executemany(forget, keys)
     # These two scan their table, which holds only the calls in flight or waiting (and
     # the few such leftovers), never a row for every key.
     held = db.execute(_EXPIRED_HOLDERS, (now, _SWEEP_BATCH)).fetchall()
