@@ -104,8 +104,9 @@ SLACK = 1.0  # a loaded 2-core machine
 
 
 async def test_a_hung_store_fails_the_whole_async_queue_at_once(own_redis: RedisServer) -> None:
-    """200 tasks, 50 connections: when the calls in flight time out, the 150 waiting
-    behind them fail with them, instead of each queue round waiting out a timeout."""
+    """200 tasks, 4 connections: when the calls in flight time out, the operations
+    queued behind them fail with them, instead of each round of the queue waiting out
+    a timeout."""
     backend = AsyncRedisBackend(own_redis.url)
     limiter = AsyncLimiter(backend, rates=["100000/second"], retry_for=0)
     await limiter.try_acquire("token")
@@ -166,7 +167,7 @@ async def test_cancelled_tasks_never_keep_a_place(redis_url: str) -> None:
         for task in tasks[::2]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert backend._in_flight.busy == 0 and not backend._in_flight._waiting
+    assert backend._batcher.busy == 0 and not backend._batcher.queue
     decisions = await asyncio.gather(*(limiter.try_acquire("token") for _ in range(500)))
     assert all(d.allowed for d in decisions)
     await backend.aclose()

@@ -15,16 +15,14 @@ and up to 10 retries with backoff, outlast any sensible ``acquire`` timeout):
 - a user's Cluster client is used as it is (its node pools and retries are its own):
   set ``socket_timeout`` and ``socket_connect_timeout`` on it.
 
-And pool exhaustion is never an outage (``InFlight``): at most as many calls are in
-flight as the pool has connections; the rest wait their turn.
+And pool exhaustion is never an outage: at most as many calls are in flight as the
+pool has connections (``batching``); the operations that come meanwhile wait, and go
+together in the next call.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,16 +37,15 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-from .._errors import BackendUnavailable
-
 log = logging.getLogger("throttle_client")
 
 SOCKET_TIMEOUT = 1.0  # seconds a hung server may hold one command
 CONNECT_TIMEOUT = 1.0
 HEALTH_CHECK_INTERVAL = 15  # an idle connection is PINGed before use after this many seconds
-# Connections per backend, and so calls in flight at once. A decision takes ~0.2 ms
-# of the server's time, so 50 connections serve thousands of waiting tasks.
-POOL_SIZE = 50
+# Connections per backend, and so calls in flight at once: the operations that queue
+# behind them go together, many in one call (batching), so a few connections serve
+# thousands of waiting tasks; more would only add round trips the server runs one by one.
+CONNECTIONS = 4
 
 # Keys of a pool's connection_kwargs that belong to that pool, not to the connection
 # settings: the Sentinel pool's back-reference, redis-py 8's maintenance-notification
@@ -91,17 +88,17 @@ def url_options(*, asyncio: bool) -> dict[str, Any]:
 
 def sync_from_url(url: str, *, cluster: bool) -> redis.Redis | redis.cluster.RedisCluster:
     if cluster:
-        # Per node: a blocking pool of POOL_SIZE (InFlight keeps calls within it anyway).
+        # Per node: a blocking pool of CONNECTIONS (the batcher keeps calls within it anyway).
         return redis.cluster.RedisCluster.from_url(
             url,
             connection_pool_class=redis.BlockingConnectionPool,
-            max_connections=POOL_SIZE,
+            max_connections=CONNECTIONS,
             **url_options(asyncio=False),
         )
     # timeout=None: wait for a connection as long as it takes. Every connection of the
     # pool has the socket timeout, so whoever holds one gives it back soon enough.
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=POOL_SIZE, timeout=None, **url_options(asyncio=False)
+        url, max_connections=CONNECTIONS, timeout=None, **url_options(asyncio=False)
     )
     return redis.Redis(connection_pool=pool)
 
@@ -110,12 +107,12 @@ def async_from_url(
     url: str, *, cluster: bool
 ) -> redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster:
     if cluster:
-        # redis.asyncio's Cluster has no blocking pool: InFlight keeps calls within it.
+        # redis.asyncio's Cluster has no blocking pool: the batcher keeps calls within it.
         return redis.asyncio.cluster.RedisCluster.from_url(
-            url, max_connections=POOL_SIZE, **url_options(asyncio=True)
+            url, max_connections=CONNECTIONS, **url_options(asyncio=True)
         )
     pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=POOL_SIZE, timeout=None, **url_options(asyncio=True)
+        url, max_connections=CONNECTIONS, timeout=None, **url_options(asyncio=True)
     )
     return redis.asyncio.Redis(connection_pool=pool)
 
@@ -132,13 +129,13 @@ def sync_copy(client: redis.Redis) -> redis.Redis | None:
             is_master=pool.is_master,
             check_connection=pool.check_connection,
             connection_class=pool.connection_class,
-            max_connections=POOL_SIZE,
+            max_connections=CONNECTIONS,
             **settings,
         )
     elif type(pool) in (redis.ConnectionPool, redis.BlockingConnectionPool):
         own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
             connection_class=pool.connection_class,
-            max_connections=POOL_SIZE,
+            max_connections=CONNECTIONS,
             timeout=None,
             **settings,
         )
@@ -158,13 +155,13 @@ def async_copy(client: redis.asyncio.Redis) -> redis.asyncio.Redis | None:
             is_master=pool.is_master,
             check_connection=pool.check_connection,
             connection_class=pool.connection_class,
-            max_connections=POOL_SIZE,
+            max_connections=CONNECTIONS,
             **settings,
         )
     elif type(pool) in (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool):
         own = redis.asyncio.BlockingConnectionPool(
             connection_class=pool.connection_class,
-            max_connections=POOL_SIZE,
+            max_connections=CONNECTIONS,
             timeout=None,
             **settings,
         )
@@ -180,114 +177,7 @@ def pool_size(client: Any) -> int:
         size = client.nodes_manager.connection_kwargs.get("max_connections")
     else:
         size = getattr(client.connection_pool, "max_connections", None)
-    return size if isinstance(size, int) and size > 0 else POOL_SIZE
-
-
-class InFlight:
-    """At most ``size`` calls in flight on one backend, so its pool never runs dry.
-
-    A call waits for a place as long as it takes while the store answers: with
-    hundreds of tasks or threads that is a queue, not an outage. But when a call in
-    flight fails as unavailable, the calls waiting behind it fail with it at once,
-    instead of each taking its turn at a dead socket: a hung store costs the queue
-    one socket timeout, not one per ``size`` calls ahead.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.busy = 0
-        self.last_failure: BaseException | None = None
-
-    def _failed(self, exc: BaseException | None) -> bool:
-        """Whether a call that ended with ``exc`` failed as unavailable (and remember why)."""
-        if not isinstance(exc, BackendUnavailable):
-            return False
-        self.last_failure = exc.__cause__ or exc
-        return True
-
-    def _given_up(self) -> BackendUnavailable:
-        error = BackendUnavailable(
-            "Redis is unavailable: a call ahead of this one failed while it waited for a connection"
-        )
-        error.__cause__, error.__suppress_context__ = self.last_failure, True
-        return error
-
-
-class ThreadInFlight(InFlight):
-    """For threads: ``with in_flight: ...`` around each call (a plain class, not a
-    generator, and no notify when nobody waits: this is on every decision's path)."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self._changed = threading.Condition(threading.Lock())
-        self._waiting = 0
-        self._failures = 0  # calls that failed as unavailable, ever: waiters watch it
-
-    def __enter__(self) -> None:
-        with self._changed:
-            if self.busy >= self.size:
-                seen = self._failures
-                self._waiting += 1
-                try:
-                    self._changed.wait_for(lambda: self.busy < self.size or self._failures != seen)
-                finally:
-                    self._waiting -= 1
-                if self._failures != seen:
-                    raise self._given_up()
-            self.busy += 1
-
-    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        with self._changed:
-            self.busy -= 1
-            if self._failed(exc):
-                self._failures += 1
-                self._changed.notify_all()
-            elif self._waiting:
-                self._changed.notify()
-
-
-class TaskInFlight(InFlight):
-    """For tasks: ``async with in_flight: ...``. Places are handed to waiting tasks in
-    order through futures, with nothing awaited on the way out, so a task cancelled
-    anywhere never keeps one."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    async def __aenter__(self) -> None:
-        if self.busy < self.size and not self._waiting:
-            self.busy += 1
-            return
-        turn = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
-        try:
-            await turn  # its result: a place, already counted as busy
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled() and turn.exception() is None:
-                self._hand_on()  # given a place it will not use: the next one gets it
-            elif turn in self._waiting:
-                self._waiting.remove(turn)
-            raise
-
-    async def __aexit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        if not self._failed(exc):
-            self._hand_on()
-            return
-        self.busy -= 1
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_exception(self._given_up())
-
-    def _hand_on(self) -> None:
-        """Give a place back: straight to the next waiting task, if any."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # busy stays: the place changes hands
-                return
-        self.busy -= 1
+    return size if isinstance(size, int) and size > 0 else CONNECTIONS
 
 
 def evicting_policy(config: Any) -> str | None:

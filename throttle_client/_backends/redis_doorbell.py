@@ -4,7 +4,7 @@ The script publishes each lease it grants to the waiter's process channel,
 ``tc:w:<nonce>`` (the nonce leads every lease id this process makes), so each grant
 wakes one waiter of one process: no herd, and no waiter polls the store. A thread of
 this process subscribes to that channel while it has waiters, on a connection of its
-own (never one of the pool the script runs on, which ``InFlight`` counts), and rings
+own (never one of the pool the script runs on, which ``batching`` counts), and rings
 the bell of each lease named.
 
 Pub/Sub is at-most-once: a message sent while the subscriber is reconnecting is lost.

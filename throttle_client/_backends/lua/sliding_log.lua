@@ -1,6 +1,7 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
--- shaped so that an admission costs five redis.call()s: TIME, GET, EXISTS, ZADD, SET.
+-- shaped so that an admission costs five redis.call()s: TIME, GET, EXISTS, ZADD, SET (and
+-- a batch of admissions of one key, one ZADD each and the other four once: run_batch).
 --
 -- KEYS[1] L, the log: one zset holding each admitted call once: member = its running
 --         total as 6 bytes big-endian (so members of one slot sort by total), score =
@@ -25,7 +26,8 @@
 --   Both share one {hash tag}, so the script is legal on a Redis Cluster.
 --
 -- ARGV[1] the operation: acquire | inspect | pause | learn | reset | acquire_all | lease |
---         release | renew (the last three: concurrency caps, see "Concurrency caps" below)
+--         release | renew (the last three: concurrency caps, see "Concurrency caps" below),
+--         or batch: several of them in one call (see run_batch at the end)
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text.
 --         A period is a number (sliding), [period, width] (a bounded sliding rate, in
@@ -117,7 +119,7 @@ local KEEP_IDS = 5000000
 -- rate's period is a number (sliding, µs), [period, width] (bounded sliding: names[i]
 -- its coarse log) or an array of windows (calendar; names[i] if bounded). `keep` and
 -- `cutoff` are the log's: bounded rates count in their coarse logs instead.
-local function read_quota(packed)
+local function parse_quota(packed)
   local ok, quota = pcall(cmsgpack.unpack, packed or '')
   if not ok or type(quota) ~= 'table' then return nil, 'bad quota' end
   local gap, nrates = whole(quota[1], 0), (#quota - 1) / 2
@@ -159,6 +161,20 @@ local function read_quota(packed)
   return q
 end
 
+-- The quotas read at this `now`, by their msgpack: a batch's operations of one limiter
+-- send the same quota, read once (and the same table, by which open() knows its keys).
+local quotas, quotas_now = {}, nil
+
+local function read_quota(packed)
+  if quotas_now ~= now then quotas, quotas_now = {}, now end
+  local q = quotas[packed or '']
+  if q then return q end
+  local problem
+  q, problem = parse_quota(packed)
+  if q then quotas[packed] = q end -- (a quota that reads is a string)
+  return q, problem
+end
+
 local TOTALS = 281474976710656 -- 2^48: a running total is 6 bytes
 
 local function entry(cum) -- the member of the entry whose running total is cum
@@ -192,17 +208,31 @@ end
 -- get one new TTL together; otherwise M keeps the TTL it has (KEEPTTL). So the two
 -- parts always expire together: a TTL computed from one worker's clock and written to
 -- M alone could outlive L's (two injected clocks 10 s apart left M 10 s longer than L).
+-- The write waits for the end of the script call (flush): a batch of acquires on one
+-- key then reads and writes its M once, not once per acquire.
 local function save(k, needed, renew)
   if k["until"] > needed then needed = k["until"] end -- a learned limit in force is kept
+  if not k.needed or needed > k.needed then k.needed = needed end
+  k.renew, k.saved_at = k.renew or renew, now
+end
+
+local function flush(k)
+  local needed, renew = k.needed, k.renew
+  if not needed then return end
+  k.needed, k.renew = nil, false
   if not renew and needed <= k.expires then
     redis.call('SET', k.meta, pack_meta(k), 'KEEPTTL')
     return
   end
   k.expires = needed + k.q.slack
-  local ttl = format('%d', math.ceil((k.expires - now) / 1000))
+  local ttl = format('%d', math.ceil((k.expires - k.saved_at) / 1000))
   redis.call('PEXPIRE', k.log, ttl)
   redis.call('SET', k.meta, pack_meta(k), 'PX', ttl)
 end
+
+-- The keys this script call opened, by M's name, in order: a batch's later operations
+-- on a key find it here, read already (with the same quota, at the same now).
+local opened, opened_order
 
 -- One key's state, read from its M, with whatever is lost rebuilt first.
 --
@@ -246,6 +276,15 @@ local function convert(log, base)
 end
 
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
+  local known = opened[meta]
+  if known then
+    if known.q == q and known.log == log then
+      known.views, known.seen = {}, nil -- (this operation's own: coarse_of, earliest_slot)
+      return known
+    end
+    flush(known) -- read by another quota or at another now: written first, read again
+    opened[meta] = nil
+  end
   local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
              since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
              views = {}, trimmed = 0}
@@ -314,6 +353,8 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     repaired = index and (fixed .. ':' .. index) or fixed
     save(k, math.max(now, k.last, k.pause) + q.horizon, true)
   end
+  opened[meta] = k
+  opened_order[#opened_order + 1] = k
   return k
 end
 
@@ -661,20 +702,24 @@ local function read_cap(cap, ttl) -- a cap (0: none) and a lease TTL (µs), chec
   return cap, ttl
 end
 
+local server_now -- the server's TIME, read once per script call (a batch shares it)
+
 -- One operation, from its keys and arguments (KEYS and ARGV of the script).
-local function run(keys, argv)
-  if redis.replicate_commands then
-    redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
-  end
-  format, repaired = string.format, nil
+local function run_one(keys, argv)
+  repaired = nil
   local op = argv[1]
   if op == 'reset' then
+    local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
+    if gone then gone.needed, opened[keys[2]] = nil, nil end
     redis.call('DEL', unpack(keys)) -- the log, the meta, and a capped key's lease keys
     return '1'
   end
   if argv[3] == '-' then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2]
+    if not server_now then
+      local t = redis.call('TIME')
+      server_now = t[1] * 1000000 + t[2]
+    end
+    now = server_now
   else
     now = whole(argv[3], 0)
     if not now then return fail('bad time ' .. tostring(argv[3])) end
@@ -727,7 +772,7 @@ local function run(keys, argv)
     if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
     -- Everything is checked before the first write: a script that fails half-way is
     -- not rolled back.
-    local quotas, costs, lks, at = {}, {}, {}, 1
+    local quotas, costs, lks, logs, metas, at = {}, {}, {}, {}, {}, 1
     for i = 1, n do
       local arg = first_arg + per * (i - 1)
       local q, problem = read_quota(argv[arg])
@@ -747,12 +792,12 @@ local function run(keys, argv)
           at = at + 3
         end
       end
-      quotas[i].log, quotas[i].meta = log_key, meta_key
+      logs[i], metas[i] = log_key, meta_key
     end
     if at ~= #keys + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
     local keys, pause = {}, 0
     for i = 1, n do
-      keys[i] = open(quotas[i].log, quotas[i].meta, quotas[i], i)
+      keys[i] = open(logs[i], metas[i], quotas[i], i)
       if keys[i].pause > pause then pause = keys[i].pause end
       local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
       if problem then return fail(problem .. ' for key #' .. i) end
@@ -976,6 +1021,49 @@ local function run(keys, argv)
   end
 
   return fail('unknown op ' .. tostring(op))
+end
+
+-- A batch: several operations in one script call, run in the order given (so a key's
+-- calls keep their order: FIFO), each one's reply on a line of its own, an error as
+-- "!" and its message, so that one bad operation fails alone. ARGV: "batch", then one
+-- argument per operation, msgpack of [n, the places in KEYS of its n keys, its
+-- arguments...]; KEYS holds each key once. What the operations share is read once:
+-- the server's TIME, each quota, each key's M (written once, at the end).
+local function run_batch(keys, argv)
+  local out = {}
+  for i = 2, #argv do
+    local ok, item = pcall(cmsgpack.unpack, argv[i])
+    local nkeys = ok and type(item) == 'table' and whole(item[1], 0)
+    if not nkeys or #item < nkeys + 2 then return fail('bad batch at operation #' .. (i - 1)) end
+    local sub_keys, sub_argv = {}, {}
+    for j = 1, nkeys do
+      sub_keys[j] = keys[item[1 + j]]
+      if not sub_keys[j] then return fail('bad batch at operation #' .. (i - 1)) end
+    end
+    for j = nkeys + 2, #item do sub_argv[j - nkeys - 1] = item[j] end
+    local answer
+    ok, answer = pcall(run_one, sub_keys, sub_argv)
+    if type(answer) == 'table' then -- an error: fail()'s reply, or one a redis.call raised
+      ok, answer = false, answer.err
+    end
+    if not ok then answer = '!' .. string.gsub(tostring(answer), '\n', ' ') end
+    out[#out + 1] = answer
+  end
+  return table.concat(out, '\n')
+end
+
+local function run(keys, argv)
+  if redis.replicate_commands then
+    redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
+  end
+  format, opened, opened_order, server_now = string.format, {}, {}, nil
+  local ok, answer
+  if argv[1] == 'batch' then ok, answer = true, run_batch(keys, argv) else ok, answer = pcall(run_one, keys, argv) end
+  -- (What an operation wrote before it failed stays, as in any script: its M is written
+  -- too, so that L never runs ahead of it.)
+  for _, k in ipairs(opened_order) do flush(k) end
+  if not ok then error(answer, 0) end
+  return answer
 end
 
 return run(KEYS, ARGV)
