@@ -342,16 +342,21 @@ class Held:
     async def ask(self, name: str) -> Any:
         return await arun(self.batcher.flow(Reset(name)), self._perform)
 
+    async def queued_behind_p(self) -> tuple[asyncio.Task[Any], dict[str, asyncio.Task[Any]]]:
+        """P's call in flight, L, E and F queued behind it, then P's answer let through."""
+        p = asyncio.create_task(self.ask("P"))
+        await asyncio.sleep(0)
+        tasks = {name: asyncio.create_task(self.ask(name)) for name in "LEF"}
+        await asyncio.sleep(0)
+        self.release[0].set_result(None)
+        return p, tasks
+
 
 async def test_cancelled_waiters_never_hold_the_queue_up() -> None:
     """P in flight, L, E, F queued; P's answer comes, then E and L are cancelled before
     they run: F still goes, nothing of E's goes, and the place is free again."""
     held = Held()
-    p = asyncio.create_task(held.ask("P"))
-    await asyncio.sleep(0)
-    tasks = {name: asyncio.create_task(held.ask(name)) for name in "LEF"}
-    await asyncio.sleep(0)
-    held.release[0].set_result(None)
+    p, tasks = await held.queued_behind_p()
     await asyncio.sleep(0)
     tasks["E"].cancel()
     tasks["L"].cancel()
@@ -368,11 +373,7 @@ async def test_a_leader_cancelled_in_flight_hands_the_others_on() -> None:
     """The call carrying L, E, F is cancelled with L: E and F go with the next call
     (the same operations, so a retried acquire keeps its call id), not failed."""
     held = Held()
-    p = asyncio.create_task(held.ask("P"))
-    await asyncio.sleep(0)
-    tasks = {name: asyncio.create_task(held.ask(name)) for name in "LEF"}
-    await asyncio.sleep(0)
-    held.release[0].set_result(None)
+    p, tasks = await held.queued_behind_p()
     assert await p == "P"
     for _ in range(5):
         await asyncio.sleep(0)
