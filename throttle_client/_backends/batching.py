@@ -131,9 +131,10 @@ class Batcher(Generic[S]):
         # This entry holds a place: from here on, whatever happens, the place goes on.
         batch, unavailable = entry.batch, False
         try:
-            with self._lock:
-                if entry.ticket == self._handoffs:  # no later call took any: more may come
-                    self._take(batch)
+            if not lead:  # (one that found a place free found the queue empty)
+                with self._lock:
+                    if entry.ticket == self._handoffs:  # no later call took any: more may come
+                        self._take(batch)
             try:
                 outcomes = yield from self._send([e.op for e in batch])
             except Exception as exc:
