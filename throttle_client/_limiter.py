@@ -491,7 +491,7 @@ class _LimiterCore:
                     op = rewindowed
                     sent = now
                     continue
-                verdict = dataclasses.replace(verdict, waiting=False)
+                verdict = verdict._replace(waiting=False)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups, rates=rates)
                 if refusal:
@@ -552,7 +552,7 @@ class _LimiterCore:
                 margin * 1000,
             )
             if refusal:  # try_acquire asks once: its late slot is its answer, unused
-                late_verdict = dataclasses.replace(verdict, allowed=False)
+                late_verdict = verdict._replace(allowed=False)
                 return self._decision(late_verdict, cost, late_wakeups=late_wakeups, rates=rates)
             # An answer that came back too late would come back too late again for a slot
             # due now: the new slot lies twice that round trip ahead, and is slept to.
