@@ -18,6 +18,7 @@ from ._errors import (
     ThrottleError,
     ThrottleTimeout,
 )
+from ._events import Event
 from ._failure import LocalFallback
 from ._feedback import QuotaView
 from ._keys import store_key
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigurationError",
     "CostTooHigh",
     "Decision",
+    "Event",
     "LearnedLimit",
     "Limiter",
     "LocalFallback",

@@ -58,6 +58,19 @@ from ._errors import (
     CostTooHigh,
     ThrottleTimeout,
 )
+from ._events import (
+    ADMITTED,
+    FALLBACK,
+    LATE_WAKEUP,
+    PAUSED,
+    REFUSED,
+    STORE_ERROR,
+    TIMED_OUT,
+    Event,
+    Listener,
+    Listeners,
+    key_label,
+)
 from ._failure import FailureGuard, OnUnavailable, shrink
 from ._feedback import ABSURD, QuotaView, read_feedback, read_quota_view
 from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
@@ -234,6 +247,7 @@ class _LimiterCore:
         self._told_headers: set[str] = set()  # header values learn() could not read
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
+        self._listeners = Listeners()
 
     # -- validation -----------------------------------------------------------------
 
@@ -241,6 +255,19 @@ class _LimiterCore:
         """The name of ``key``'s log in the store (see :func:`throttle_client.store_key`)."""
         tag = None if self._tag is None else self._tag(key)
         return hashed_key(self._secret, self.namespace, key, tag)
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with every :class:`~throttle_client.Event` of this limiter
+        (admitted, refused, timed out, late wake-up, paused, upstream status, store
+        error, fallback); returns the function that stops it. Keys appear as their
+        label, never as themselves."""
+        return self._listeners.add(listener)
+
+    def _emit(self, kind: str, store_key: str, **fields: Any) -> None:
+        """Send an event about ``store_key`` (callers test ``self._listeners`` first:
+        with no listener, no event is made)."""
+        event = Event(kind, self.namespace, key_label(store_key), self._wall(), **fields)
+        self._listeners.send(event)
 
     def _cost(self, cost: int) -> int:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
@@ -494,6 +521,9 @@ class _LimiterCore:
                 verdict = verdict._replace(waiting=False)
             if not verdict.allowed:
                 refused = self._decision(verdict, cost, late_wakeups=late_wakeups, rates=rates)
+                if self._listeners:
+                    kind = REFUSED if refusal else TIMED_OUT
+                    self._emit(kind, op.key, cost=cost, retry_after=refused.retry_after)
                 if refusal:
                     return refused
                 if verdict.full:
@@ -542,10 +572,14 @@ class _LimiterCore:
             rebook_if_unsure = answered_late and not refusal
             late = self._late_by(clock, slot, now, rebook_if_unsure, margin) if margin else 0.0
             if late <= margin:
+                if self._listeners:
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
             late_wakeups += 1
+            if self._listeners:
+                self._emit(LATE_WAKEUP, op.key, cost=cost, late_by=late)
             log.debug(
                 "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
                 late * 1000,
@@ -553,7 +587,10 @@ class _LimiterCore:
             )
             if refusal:  # try_acquire asks once: its late slot is its answer, unused
                 late_verdict = verdict._replace(allowed=False)
-                return self._decision(late_verdict, cost, late_wakeups=late_wakeups, rates=rates)
+                refused = self._decision(late_verdict, cost, late_wakeups=late_wakeups, rates=rates)
+                if self._listeners:
+                    self._emit(REFUSED, op.key, cost=cost, retry_after=refused.retry_after)
+                return refused
             # An answer that came back too late would come back too late again for a slot
             # due now: the new slot lies twice that round trip ahead, and is slept to.
             lead = round(2 * (now - sent) * US) if answered_late else 0
@@ -666,7 +703,7 @@ class _LimiterCore:
         (False: on_unavailable did), and the local time it came back."""
         guard = self._guard
         if guard.store_resting(now):
-            return guard.substitute(op)(), False, now
+            return self._fallback(op), False, now
         try:
             result, now = yield Call(op)  # the common case: no retry machinery at all
         except BackendUnavailable as first:
@@ -676,9 +713,19 @@ class _LimiterCore:
             except BackendUnavailable as exc:
                 now = yield ReadClock()
                 guard.failed(exc, now)
-                return guard.substitute(op)(), False, now
+                if self._listeners:
+                    self._emit(STORE_ERROR, op.key, reason=type(exc.__cause__ or exc).__name__)
+                return self._fallback(op), False, now
         guard.succeeded()
         return result, True, now
+
+    def _fallback(self, op: Op[T]) -> T:
+        """``on_unavailable``'s answer to ``op`` (or its BackendUnavailable)."""
+        answer = self._guard.substitute(op)()
+        if self._listeners:
+            policy = self._guard.on_unavailable
+            self._emit(FALLBACK, op.key, reason=policy if isinstance(policy, str) else "local")
+        return answer
 
     def _retry_flow(
         self, op: Op[T], first: BackendUnavailable, started: float, now: float
@@ -806,10 +853,22 @@ class _LimiterCore:
         return view, now
 
     def _pause_flow(
-        self, key: str, seconds: float | timedelta, now: float
+        self,
+        key: str,
+        seconds: float | timedelta,
+        now: float,
+        *,
+        reason: str = "",
+        source: str = "caller",
+        route: str = "",
     ) -> Flow[tuple[float, float]]:
-        """Pause ``key``: the pause's end (epoch seconds), and the local time after."""
-        until, _, now = yield from self._execute_flow(self._pause_op(key, seconds, now), now)
+        """Pause ``key``: the pause's end (epoch seconds), and the local time after.
+        ``reason``, ``source``, ``route``: what the event says (see Event)."""
+        op = self._pause_op(key, seconds, now)
+        until, _, now = yield from self._execute_flow(op, now)
+        if self._listeners:
+            fields = {"reason": reason, "source": source, "route": route}
+            self._emit(PAUSED, op.key, until=_seconds(until), **fields)
         return _seconds(until), now
 
     def _reset_flow(self, key: str, now: float) -> Flow[None]:

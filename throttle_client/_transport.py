@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from ._errors import ConfigurationError
+from ._events import UPSTREAM_STATUS
 from ._feedback import read_feedback
 from ._flow import Flow, arun, run
 from ._lease import AsyncLease, Lease, _Held
@@ -291,17 +292,23 @@ class _TransportCore(Generic[L]):
                 )
             sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
             response, now, wall = sent
+            if limiter._listeners:
+                store_key = limiter.store_key(plan.key)
+                limiter._emit(
+                    UPSTREAM_STATUS, store_key, status=response.status_code, route=plan.target
+                )
             if self.learn:
                 _, now = yield from limiter._learn_flow(
                     plan.key, decision, response.headers, now, wall, self.retry.max_pause
                 )
-            pause, retry = self.judge(plan, response, attempt, now=wall)
+            pause, retry, reason = self.judge(plan, response, attempt, now=wall)
             if pause > 0:
                 # Which of the call's quotas the upstream meant, it does not say: every
                 # key of the call is paused (under-use at worst, never another refusal).
-                _, now = yield from limiter._pause_flow(plan.key, pause, now)
+                told = {"reason": reason, "source": "upstream", "route": plan.target}
+                _, now = yield from limiter._pause_flow(plan.key, pause, now, **told)
                 for other, other_key, _ in plan.also:
-                    _, now = yield from other._pause_flow(other_key, pause, now)
+                    _, now = yield from other._pause_flow(other_key, pause, now, **told)
             if not retry or attempt == attempts:
                 return response
             logger.info(
@@ -319,9 +326,10 @@ class _TransportCore(Generic[L]):
 
     def judge(
         self, plan: _Plan[L], response: httpx.Response, attempt: int, *, now: float
-    ) -> tuple[float, bool]:
+    ) -> tuple[float, bool, str]:
         """Read the upstream's feedback at wall-clock time ``now`` and log it. Answers
-        (seconds to pause the key for every worker, 0 for none; whether to retry)."""
+        (seconds to pause the key for every worker, 0 for none; whether to retry; the
+        signal the pause came from)."""
         feedback = read_feedback(
             response.status_code,
             response.headers,
@@ -351,7 +359,7 @@ class _TransportCore(Generic[L]):
                     feedback.pause,
                     feedback.reason,
                 )
-        return feedback.pause or 0.0, feedback.refused and plan.retryable
+        return feedback.pause or 0.0, feedback.refused and plan.retryable, feedback.reason
 
 
 def _checked_also(also: Sequence[AlsoSpec[L]]) -> tuple[AlsoSpec[L], ...]:

@@ -1,0 +1,127 @@
+"""Events: what a limiter tells those who listen (issue 12).
+
+A listener is a plain callable of one :class:`Event`, added with ``limiter.listen(fn)``
+(which returns the function that removes it). Events are made only while someone
+listens: a limiter without listeners pays one truth test per event it could have sent.
+A listener runs in the flow that sent the event (the acquiring thread or task), so it
+should be quick; one that raises is logged and the call goes on.
+
+No field ever holds a key: an access token must not reach logs or metrics. Keys appear
+as their *label*, the first characters of the key's keyed hash (its store key), the
+same for every worker of a fleet that shares the key secret.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("throttle_client")
+
+# What happened, one word each (Event.kind).
+ADMITTED = "admitted"  # an acquire got its slot; ``waited``: the seconds it slept for it
+REFUSED = "refused"  # a try_acquire found no slot now; ``retry_after``
+TIMED_OUT = "timed_out"  # an acquire's slot lay beyond its timeout; ``retry_after``
+LATE_WAKEUP = "late_wakeup"  # a call woke or was answered past its slot by more than the
+# margin, and books a new one; ``late_by``
+PAUSED = "paused"  # a key paused for every worker; ``until``, ``reason``, ``source``
+UPSTREAM_STATUS = "upstream_status"  # a throttled transport's response; ``status``, ``route``
+STORE_ERROR = "store_error"  # the store failed (after retries); ``reason``: the error's class
+FALLBACK = "fallback"  # on_unavailable answered instead of the store; ``reason``: the policy
+KINDS = (
+    ADMITTED,
+    REFUSED,
+    TIMED_OUT,
+    LATE_WAKEUP,
+    PAUSED,
+    UPSTREAM_STATUS,
+    STORE_ERROR,
+    FALLBACK,
+)
+
+LABEL_LENGTH = 8  # characters of the key's hash: 48 bits, unique among millions of keys
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to one key of a limiter.
+
+    ``kind`` is one of ``KINDS``; ``namespace`` the limiter's; ``key`` the key's label
+    (never the key); ``time`` the wall clock, epoch seconds. The other fields belong to
+    some kinds and keep their defaults for the rest:
+
+    - ``cost``: the units asked (admitted, refused, timed_out, late_wakeup);
+    - ``waited``: seconds slept for the slot (admitted);
+    - ``retry_after``: seconds until a slot could be had (refused, timed_out);
+    - ``late_by``: seconds past the slot, on the store's clock (late_wakeup);
+    - ``until``: the pause's end, epoch seconds on the store's clock (paused);
+    - ``reason``: why: for a pause a transport set, the header it came from
+      ("Retry-After", "X-RateLimit-Reset", ...) or "backoff" (a refusal that named no
+      time; empty for ``limiter.pause``); for store_error, the error's class
+      ("ConnectionError", "TimeoutError", ...); for fallback, the ``on_unavailable``
+      policy ("allow", or "local" for a LocalFallback);
+    - ``source``: who paused: "caller" (``limiter.pause``) or "upstream" (a transport
+      read it in a response);
+    - ``status``: the HTTP status (upstream_status);
+    - ``route``: the request, as "GET host/path" (upstream_status, and a pause a
+      transport set): never the query, which may carry a token.
+    """
+
+    kind: str
+    namespace: str
+    key: str
+    time: float
+    cost: int = 0
+    waited: float = 0.0
+    retry_after: float = 0.0
+    late_by: float = 0.0
+    until: float = 0.0
+    reason: str = ""
+    source: str = ""
+    status: int = 0
+    route: str = ""
+
+
+Listener = Callable[[Event], object]
+
+
+def key_label(store_key: str) -> str:
+    """A key's label from its store key (``ns:{digest}``, or ``ns:{tag}digest``): the
+    first LABEL_LENGTH characters of the key's own digest."""
+    digest = store_key.rsplit("}", 1)[1] or store_key[store_key.index("{") + 1 : -1]
+    return digest[:LABEL_LENGTH]
+
+
+class Listeners:
+    """A limiter's listeners. Added and removed under a lock; sending reads a snapshot
+    (a tuple), so a listener may add or remove listeners, itself included."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._all: tuple[Listener, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self._all)
+
+    def add(self, listener: Listener) -> Callable[[], None]:
+        if not callable(listener):
+            raise TypeError(f"a listener must be a function of one Event, not {listener!r}")
+        with self._lock:
+            self._all += (listener,)
+
+        def remove() -> None:
+            with self._lock:
+                index = self._all.index(listener) if listener in self._all else -1
+                if index >= 0:
+                    self._all = self._all[:index] + self._all[index + 1 :]
+
+        return remove
+
+    def send(self, event: Event) -> None:
+        for listener in self._all:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not fail the call it watches
+                log.warning("throttle_client: an event listener raised", exc_info=True)
