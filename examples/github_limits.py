@@ -254,6 +254,7 @@ class TokenReport:
     peak_hourly: int  # the most requests any scaled hour held
     peak_points: int  # the most points any scaled minute held on one endpoint
     min_write_gap: float | None
+    arrivals: list[float] = field(default_factory=list, repr=False)  # admitted, in order
 
 
 @dataclass
@@ -312,6 +313,7 @@ def run_fleet(
             peak_hourly=peak([(t, 1) for t in log.arrivals], rules.hourly.period),
             peak_points=max(peak(spent, rules.points.period) for spent in log.points.values()),
             min_write_gap=min(gaps) if gaps else None,
+            arrivals=list(log.arrivals),
         )
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
     return FleetReport(elapsed=elapsed, statuses=counts, tokens=reports)

@@ -317,20 +317,21 @@ def test_a_sync_cluster_batches_too(cluster_url: str) -> None:
 
 
 class Held:
-    """A Batcher of one place whose calls return when the test says so."""
+    """A Batcher (of one place, by default) whose calls return when the test says so."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 1, opens: bool = False) -> None:
         self.calls: list[list[str]] = []
         self.release: list[asyncio.Future[None]] = []
         self.batcher = Batcher(
-            1,
+            size,
             self._send,
             lambda: asyncio.get_running_loop().create_future(),
             R._resolve,
             gone=asyncio.Future.cancelled,
+            opens=opens,
         )
 
-    def _send(self, ops: list[Any]) -> Iterator[Any]:
+    def _send(self, ops: list[Any], queued: list[float]) -> Iterator[Any]:
         self.calls.append([op.key for op in ops])
         yield "call"
         return [op.key for op in ops]
@@ -387,4 +388,60 @@ async def test_a_leader_cancelled_in_flight_hands_the_others_on() -> None:
     held.release[-1].set_result(None)
     assert [await tasks[name] for name in "EF"] == ["E", "F"]
     assert held.calls[-1] == ["E", "F"]
+    assert held.batcher.busy == 0 and not held.batcher.queue
+
+
+async def test_a_place_opening_its_connection_carries_nothing_ahead_of_the_queue() -> None:
+    """Two places, one connection open. P goes over it; A finds the other place, whose
+    connection must be opened first (a call of no operation), so A queues, and B and C
+    behind it. P's answer comes while A's place is still opening: P's flow carries A, B
+    and C itself (A's flow is busy), in their order; the opened place finds none left."""
+    held = Held(size=2, opens=True)
+    held.batcher.warm = 1
+    p = asyncio.create_task(held.ask("P"))
+    await asyncio.sleep(0)
+    tasks = {name: asyncio.create_task(held.ask(name)) for name in "ABC"}
+    await asyncio.sleep(0)
+    assert held.calls == [["P"], []] and [e.op.key for e in held.batcher.queue] == list("ABC")
+    held.release[0].set_result(None)  # P's answer
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert held.calls[-1] == ["A", "B", "C"] and not p.done()  # P carries them
+    held.release[1].set_result(None)  # A's place is open: nothing queued for it
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert held.batcher.warm == 2 and held.batcher.busy == 1
+    held.release[2].set_result(None)
+    assert [await tasks[name] for name in "ABC"] == list("ABC") and await p == "P"
+    assert held.calls == [["P"], [], ["A", "B", "C"]]
+    assert held.batcher.busy == 0 and not held.batcher.queue
+
+
+async def test_a_place_given_back_never_goes_to_a_head_busy_opening() -> None:
+    """P in flight, A opening the second place, B and C queued behind A. P is cancelled:
+    its place is not handed to A (whose flow could not lead before its open ends) nor to
+    anyone after A; D, coming then, queues (and opens a place) too. When A's place is
+    open it carries A, B, C and D, in their order."""
+    held = Held(size=2, opens=True)
+    held.batcher.warm = 1
+    p = asyncio.create_task(held.ask("P"))
+    await asyncio.sleep(0)
+    tasks = {"A": asyncio.create_task(held.ask("A"))}
+    await asyncio.sleep(0)
+    tasks.update({name: asyncio.create_task(held.ask(name)) for name in "BC"})
+    await asyncio.sleep(0)
+    p.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    tasks["D"] = asyncio.create_task(held.ask("D"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [e.op.key for e in held.batcher.queue] == list("ABCD")
+    held.release[1].set_result(None)  # A's place is open
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert held.calls == [["P"], [], [], ["A", "B", "C", "D"]]
+    for gate in held.release[2:]:
+        gate.set_result(None)
+    assert [await tasks[name] for name in "ABCD"] == list("ABCD")
     assert held.batcher.busy == 0 and not held.batcher.queue

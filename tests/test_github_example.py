@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 
 from throttle_client import MemoryBackend, RedisBackend
+from throttle_client._limiter import DEFAULT_MARGIN
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "github_limits.py"
 
@@ -49,14 +50,23 @@ def test_fleet_keeps_every_rule_and_each_binds(store: str, request: pytest.Fixtu
         assert token.sent == len(example.jobs_of(name)), (name, token)
         # Each cap was reached, not passed (the API refuses beyond any of them).
         assert token.peak_in_flight == rules.concurrent, (name, token)
-        assert token.peak_hourly == rules.hourly.limit, (name, token)
+        assert token.peak_hourly <= rules.hourly.limit, (name, token)
+        # The hour was reached as the limiter counts it: by slot, in windows widened by
+        # its margin. An arrival lags its slot by up to the margin (and the API's stamp
+        # by some ms more), so the 60 calls that made the 61st wait arrived within the
+        # hour plus twice the margin; a strict hour of arrivals may hold only 59.
+        loose = rules.hourly.period + 2 * DEFAULT_MARGIN + 0.01
+        reached = example.peak([(t, 1) for t in token.arrivals], loose)
+        assert reached >= rules.hourly.limit, (name, token, reached)
         # A write costs 5: a window may end up to 4 points short of a full one.
         floor = rules.points.limit - rules.write_cost + 1
         assert floor <= token.peak_points <= rules.points.limit, (name, token)
         # Writes spaced by the gap, and no more than the limiter's margin beyond it:
-        # they queued for it.
+        # they queued for it. (Their slots are the gap plus the margin apart; the API
+        # stamps an arrival in this very process, beside 16 client threads, so a stamp
+        # may lag its request by some ms on a loaded 2-core machine: 10 ms are allowed.)
         assert token.min_write_gap is not None, (name, token)
-        assert rules.write_gap <= token.min_write_gap < rules.write_gap + 0.1, (name, token)
+        assert rules.write_gap - 0.01 <= token.min_write_gap < rules.write_gap + 0.1, (name, token)
     # The hour binds: the calls beyond its 60 waited for the first ones to leave it.
     assert report.elapsed >= rules.hourly.period, report
 

@@ -50,6 +50,7 @@ from ._backends.base import (
     Verdict,
     Windows,
 )
+from ._backends.batching import GivenUp
 from ._calendar import windows_for
 from ._errors import (
     BackendError,
@@ -732,7 +733,11 @@ class _LimiterCore:
     ) -> Flow[tuple[T, float]]:
         """The retries of ``op``, whose first attempt (begun at ``started``) failed: as
         tenacity's ``iter()`` decides, attempt by attempt. Raises the last failure."""
-        decider = self._guard.retrying(op, now - started)
+        # An operation failed with a call ahead of it that found the store down waited on
+        # the store as long as that call did (GivenUp.waited): its retries count that too,
+        # so a hung store holds it one socket timeout, not two.
+        spent = max(now - started, first.waited if isinstance(first, GivenUp) else 0.0)
+        decider = self._guard.retrying(op, spent)
         if decider is None:
             raise first
         retrying, budget = decider

@@ -19,18 +19,28 @@ asyncio future). The bookkeeping is under a lock in both: uncontended under asyn
   id: an attempt that did book is found, never booked twice). When the call failed as
   unavailable, the operations queued behind it fail with it at once, instead of each
   round of the queue waiting out a dead socket: a hung store costs the queue one
-  socket timeout.
+  socket timeout. Their error (``GivenUp``) says how long that call waited on the
+  store, which their retries count as spent: they waited on it too.
 - **Cancellation.** A task cancelled while it waits leaves the queue (one already
   taken into a call still goes: a slot booked and unused, never over-use), or passes
   on the place it was handed. A leader cancelled or interrupted while its call is in
   flight puts the others back at the head of the queue: the next call carries them,
   under the same call ids, so an operation the server did run is found, not run twice.
+- **Opening connections.** A place whose connection may not be open yet (at first, and
+  after an outage) first makes a call that carries no operation: it opens the
+  connection and readies the store (loads the script), while the operation waits in
+  the queue like any other; then it carries the queue's head. Else a call held up
+  opening a connection or loading the script (milliseconds) would let the calls that
+  came after it go first, over a connection already open, and take the slots before
+  theirs. A place given back while the queue's head is busy opening one goes with it:
+  the flow that gives it carries that call.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Generator, Hashable
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -51,7 +61,7 @@ class _Entry:
     """One operation and how it stands: queued, handed a place (it leads the next call),
     taken into another's call, or done (its outcome: the answer, or the exception)."""
 
-    __slots__ = ("batch", "group", "op", "outcome", "state", "ticket", "waker")
+    __slots__ = ("batch", "group", "op", "opening", "outcome", "since", "state", "ticket", "waker")
 
     def __init__(self, op: Op[Any], group: Hashable) -> None:
         self.op = op
@@ -61,11 +71,22 @@ class _Entry:
         self.waker: Any = None
         self.batch: list[_Entry] = []  # handed a place: the operations it takes along
         self.ticket = 0  # and which hand-off that was
+        self.opening = False  # its flow is busy opening a place's connection
+        self.since = 0.0  # when it queued (time.monotonic()); 0.0: it never did
 
     def answer(self) -> Any:
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
+
+
+class GivenUp(BackendUnavailable):
+    """An operation not sent: a call ahead of it found the store unavailable after
+    waiting ``waited`` seconds on it (real time), while this one waited for a place."""
+
+    def __init__(self, message: str, waited: float = 0.0) -> None:
+        super().__init__(message)
+        self.waited = waited
 
 
 class Wait(NamedTuple):
@@ -75,8 +96,9 @@ class Wait(NamedTuple):
 
 
 # What a call of several operations is: a flow (of script commands) that returns, per
-# operation, its answer or the exception it raises.
-Send = Callable[[list[Op[Any]]], Generator[S, Any, list[Any]]]
+# operation, its answer or the exception it raises; given, per operation, the seconds it
+# waited in the queue (an acquire waits that much less). A call of none opens a connection.
+Send = Callable[[list[Op[Any]], list[float]], Generator[S, Any, list[Any]]]
 
 
 class Batcher(Generic[S]):
@@ -84,7 +106,9 @@ class Batcher(Generic[S]):
 
     ``new_waker()`` makes what a queued operation waits on, ``wake(waker)`` sets it,
     ``gone(waker)`` says its waiter was cancelled; ``group(op)`` says which operations
-    may share a call (equal groups; None for all).
+    may share a call (equal groups; None for all); ``opens`` says whether a place opens
+    its connection before it carries operations (not where a call of none cannot open
+    the connection the next will use: a Cluster's).
     """
 
     def __init__(
@@ -95,9 +119,15 @@ class Batcher(Generic[S]):
         wake: Callable[[Any], None],
         group: Callable[[Op[Any]], Hashable] = lambda op: None,
         gone: Callable[[Any], bool] = lambda waker: False,
+        opens: bool = False,
     ) -> None:
         self.size = size
         self.busy = 0  # places held: calls in flight, or handed on and about to be
+        # Places whose connection is known open. The pool hands a call an idle connection
+        # if it has one, and opens one only when all are in use: so the place taken while
+        # ``busy`` (this one included) exceeds it would open one.
+        self.warm = 0 if opens else size
+        self._opens = opens
         self.queue: collections.deque[_Entry] = collections.deque()
         self._send = send
         self._new_waker = new_waker
@@ -105,58 +135,136 @@ class Batcher(Generic[S]):
         self._group = group
         self._gone = gone  # whether a waiter's task has been cancelled (asyncio)
         self._lock = threading.Lock()
-        self._handoffs = 0  # places handed to a queued operation, ever
-        self.last_failure: BaseException | None = None
+        self._handoffs = 0  # calls formed from the queue, ever (see _carry's ticket)
 
     def flow(self, op: Op[T]) -> Generator[S | Wait, Any, T]:
         """``op``'s answer: sent now if a place is free, else with the next call."""
         entry = _Entry(op, self._group(op))
         with self._lock:
-            # (While operations queue every place is held: a place given back goes to them.)
-            lead = self.busy < self.size
+            lead = opens = False
+            if self.busy < self.size:
+                opens = self.busy >= self.warm  # this place's connection may not be open
+                # (A place free while operations queue waits for the queue's head, which
+                # is busy opening a place of its own: none goes ahead of it.)
+                lead = not opens and not self.queue
+                if opens or lead:
+                    self.busy += 1
             if lead:
-                self.busy += 1
                 entry.state, entry.batch = _LEAD, [entry]
             else:
-                entry.waker = self._new_waker()
+                entry.waker, entry.opening = self._new_waker(), opens
+                entry.since = time.monotonic()
                 self.queue.append(entry)
-        if not lead:
-            try:
-                yield Wait(entry.waker)
-            except BaseException:
-                self._leave(entry)
-                raise
-            if entry.state == _DONE:
-                return entry.answer()  # type: ignore[no-any-return]
-        # This entry holds a place: from here on, whatever happens, the place goes on.
-        batch, unavailable = entry.batch, False
+        if lead:
+            yield from self._carry(entry.batch, entry)
+            return entry.answer()  # type: ignore[no-any-return]
         try:
-            if not lead:  # (one that found a place free found the queue empty)
-                with self._lock:
-                    if entry.ticket == self._handoffs:  # no later call took any: more may come
-                        self._take(batch)
-            try:
-                outcomes = yield from self._send([e.op for e in batch])
-            except Exception as exc:
-                outcomes = [_copy(exc) for _ in batch]
-                unavailable = isinstance(exc, BackendUnavailable)
-                if unavailable:
-                    self.last_failure = exc.__cause__ or exc
-            for e, outcome in zip(batch, outcomes, strict=True):
-                e.outcome, e.state = outcome, _DONE
-                if e is not entry:
-                    self._wake(e.waker)
+            if opens:  # the operation waits in the queue meanwhile, in its order
+                yield from self._open_place(entry)
+            yield Wait(entry.waker)
         except BaseException:
-            # Cancelled or interrupted in flight (or before): the others go with the next
-            # call, under the same call ids, so that an operation the server did run is
-            # found, not run twice.
-            with self._lock:
-                self._requeue(batch[1:])
+            self._leave(entry)
             raise
-        finally:
-            with self._lock:
-                self._pass_on(unavailable)
+        if entry.state == _LEAD:  # handed a place: it leads the next call
+            yield from self._carry(entry.batch, entry, entry.ticket)
         return entry.answer()  # type: ignore[no-any-return]
+
+    def _carry(
+        self, batch: list[_Entry], own: _Entry | None, ticket: int | None = None
+    ) -> Generator[S, Any, None]:
+        """Send ``batch``'s operations in one call, from the place this flow holds, and
+        answer them (all but ``own``, this flow's, are woken); then the place goes on,
+        whatever happens. ``ticket``: the call was formed from the queue then, and may
+        take along the operations queued since, unless a later call was formed. When
+        the place would go to an operation whose flow is busy opening a place (it could
+        not lead at once), this flow carries that call too."""
+        while batch:
+            failure: tuple[BaseException, float] | None = None
+            try:
+                if ticket is not None:
+                    with self._lock:
+                        if ticket == self._handoffs:
+                            self._take(batch)
+                sent = time.monotonic()
+                queued = [sent - e.since if e.since else 0.0 for e in batch]
+                try:
+                    outcomes = yield from self._send([e.op for e in batch], queued)
+                except Exception as exc:
+                    outcomes = [_copy(exc) for _ in batch]
+                    if isinstance(exc, BackendUnavailable):
+                        failure = (exc.__cause__ or exc, time.monotonic() - sent)
+                for e, outcome in zip(batch, outcomes, strict=True):
+                    e.outcome, e.state = outcome, _DONE
+                    if e is not own:
+                        self._wake(e.waker)
+            except BaseException:
+                # Cancelled or interrupted in flight (or before): the others go with the
+                # next call, under the same call ids, so that an operation the server did
+                # run is found, not run twice.
+                with self._lock:
+                    self._requeue([e for e in batch if e is not own])
+                    if self._opens:  # (redis-py drops a connection whose command is cut)
+                        self.warm = max(0, self.warm - 1)
+                    self._pass_on()
+                raise
+            with self._lock:
+                batch, own, ticket = self._pass_on(failure, carry=True), None, None
+
+    def _open_place(self, entry: _Entry) -> Generator[S, Any, None]:
+        """Open the connection of the place just taken (a call of no operation), then
+        carry the first operations queued from it (``entry``, queued meanwhile, may be
+        among them), and hand the places freed meanwhile on. Open once the store
+        answered, even with an error (refused by an ACL, say): only an unavailable store
+        leaves it closed, and fails the queue."""
+        failure: BackendUnavailable | None = None
+        sent = time.monotonic()
+        try:
+            yield from self._send([], [])
+        except BackendUnavailable as exc:
+            failure = exc
+        except Exception:
+            pass  # the store answered: the operations' own call will meet the error
+        except BaseException:
+            with self._lock:
+                entry.opening = False
+                self._pass_on()
+            raise
+        with self._lock:
+            entry.opening = False
+            if failure is not None:
+                if entry.state == _QUEUED:  # the call was its own: its own error, not GivenUp
+                    self.queue.remove(entry)
+                    entry.outcome, entry.state = _copy(failure), _DONE
+                    self._wake(entry.waker)
+                self._pass_on((failure.__cause__ or failure, time.monotonic() - sent))
+                return
+            self.warm = min(self.size, self.warm + 1)
+            batch = self._first()
+            if not batch:
+                self.busy -= 1
+            self._fill()
+        if batch:
+            yield from self._carry(batch, None)
+
+    def _head(self) -> _Entry | None:
+        """The first operation queued, dropping those whose task was cancelled meanwhile
+        (under the lock)."""
+        queue = self.queue
+        while queue and self._gone(queue[0].waker):
+            queue.popleft().state = _DONE
+        return queue[0] if queue else None
+
+    def _first(self) -> list[_Entry]:
+        """A call formed from the queue (under the lock): its first operation and those
+        that may go with it, taken; none if the queue is empty."""
+        head = self._head()
+        if head is None:
+            return []
+        self.queue.popleft()
+        head.state, batch = _TAKEN, [head]
+        self._take(batch)
+        self._handoffs += 1
+        return batch
 
     def _take(self, batch: list[_Entry]) -> None:
         """Add to ``batch`` the queued operations that may go with its first, in order
@@ -181,28 +289,41 @@ class Batcher(Generic[S]):
             e.state = _QUEUED
         self.queue.extendleft(reversed(waiting))
 
-    def _pass_on(self, unavailable: bool) -> None:
-        """Give a place back (under the lock): to the first operation queued, which leads
-        the next call with the operations queued behind it, taken now, so that a later
-        call never carries operations queued before it; after an outage, fail the whole
-        queue instead."""
-        if unavailable:
+    def _pass_on(
+        self, failure: tuple[BaseException, float] | None = None, carry: bool = False
+    ) -> list[_Entry]:
+        """Give a place back (under the lock), after a call that found the store
+        unavailable (``failure``: the cause, and how long it waited) failing the whole
+        queue first. ``carry``: when the queue's head is busy opening a place, its call
+        is returned for the caller to carry, and the place stays with it."""
+        if failure is not None:
+            self.warm = 0 if self._opens else self.size  # (some may have been dropped)
             failed, self.queue = self.queue, collections.deque()
             for e in failed:
-                e.outcome, e.state = self._given_up(), _DONE
+                e.outcome, e.state = _given_up(*failure), _DONE
                 self._wake(e.waker)
-        while self.queue:
-            e = self.queue.popleft()
-            if self._gone(e.waker):
-                e.state = _DONE
-                continue
-            e.batch = [e]
-            self._take(e.batch)
-            self._handoffs += 1
-            e.state, e.ticket = _LEAD, self._handoffs
-            self._wake(e.waker)
-            return  # (busy stays: the place changes hands)
+        if carry:
+            head = self._head()
+            if head is not None and head.opening:
+                return self._first()
         self.busy -= 1
+        self._fill()
+        return []
+
+    def _fill(self) -> None:
+        """Hand the free places to the operations queued first (under the lock): each
+        leads a call of those queued behind it, formed now, so that a later call never
+        carries operations queued before it. Not to one whose flow is busy opening a
+        place: it could not lead at once, and a later call would go first; it hands
+        them on itself once its place is open."""
+        while self.busy < self.size:
+            head = self._head()
+            if head is None or head.opening:
+                return
+            batch = self._first()
+            self.busy += 1
+            head.state, head.batch, head.ticket = _LEAD, batch, self._handoffs
+            self._wake(head.waker)
 
     def _leave(self, entry: _Entry) -> None:
         """A waiter that stops waiting (cancelled): out of the queue, or, handed a place,
@@ -213,15 +334,18 @@ class Batcher(Generic[S]):
                 self.queue.remove(entry)
             elif entry.state == _LEAD:
                 self._requeue(entry.batch[1:])
-                self._pass_on(False)
+                self._pass_on()
             entry.state = _DONE
 
-    def _given_up(self) -> BackendUnavailable:
-        error = BackendUnavailable(
-            "Redis is unavailable: a call ahead of this one failed while it waited for a connection"
-        )
-        error.__cause__, error.__suppress_context__ = self.last_failure, True
-        return error
+
+def _given_up(cause: BaseException, waited: float) -> GivenUp:
+    error = GivenUp(
+        f"Redis is unavailable: a call ahead of this one failed ({cause}) while it waited "
+        "for a connection",
+        waited,
+    )
+    error.__cause__, error.__suppress_context__ = cause, True
+    return error
 
 
 def _copy(exc: Exception) -> Exception:

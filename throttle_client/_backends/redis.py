@@ -139,8 +139,10 @@ def _array(count: int) -> bytes:
     return bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
 
 
-def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
-    """KEYS and ARGV for ``op`` (see the header of sliding_log.lua)."""
+def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+    """KEYS and ARGV for ``op`` (see the header of sliding_log.lua). ``queued_us``: how
+    long it waited in the backend's queue; an acquire waits that much less for its slot,
+    so a call never outlasts its timeout by the time it queued."""
     if isinstance(op, Reset):
         return redis_keys(op.key) + lease_keys(op.key), (b"reset",)
     now = b"-" if op.now_us is None else b"%d" % op.now_us
@@ -159,7 +161,7 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
             keys += redis_keys(c.key) + (lease_keys(c.key) if holds else ())
             per_key += (quota_arg(c.quota), b"%d" % c.cost)
             per_key += _cap_args(c.quota) if leased else ()
-        wait, lead = b"%d" % op.max_wait_us, b"%d" % op.lead_us
+        wait, lead = _wait(op.max_wait_us, queued_us), b"%d" % op.lead_us
         marks = b"-" if op.mark_us < 0 else b"%d" % op.mark_us
         if leased:
             return keys, (b"lease", marks, now, wait, op.call_id, lead, op.lease_id, *per_key)
@@ -167,7 +169,7 @@ def encode(op: Op[Any]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     assert isinstance(op, (Acquire, Inspect, Pause, Learn))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
-        cost, wait = b"%d" % op.cost, b"%d" % op.max_wait_us
+        cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
         if op.mark_us >= 0:
             lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
             return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
@@ -249,7 +251,15 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         used, ready = tuple(per_rate[::2]), tuple(per_rate[1::2])
         learned = (limit, units, until) if until >= 0 else None
         snapshot = Snapshot(
-            now, next_slot, pause, booked, used, ready, in_flight, queued, learned=learned
+            now,
+            next_slot,
+            pause,
+            booked,
+            used,
+            ready,
+            in_flight,
+            queued,
+            learned=learned,
         )
         return cast(T, snapshot)
     if isinstance(op, Pause):
@@ -292,17 +302,30 @@ class _Command(NamedTuple):
     args: tuple[Any, ...]
 
 
-def encode_batch(ops: list[Op[Any]]) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+def _wait(max_wait_us: int, queued_us: int) -> bytes | str:
+    """An acquire's wait, less the time it queued (-1: any wait; 0: none). A shortened
+    one goes as a str, which the batch packs as it comes, leaving the cache of
+    recurring arguments (``_recurring``) to the ones that do recur."""
+    if queued_us <= 0 or max_wait_us <= 0:
+        return b"%d" % max_wait_us
+    return str(max(0, max_wait_us - queued_us))
+
+
+def encode_batch(
+    ops: list[Op[Any]], queued: list[float] | None = None
+) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """KEYS and ARGV for several operations in one script call (the script's "batch");
     one operation goes as it is. KEYS holds each key once; each operation is one
     argument, msgpack of [n, its n keys' places in KEYS, its arguments...]: redis-py
-    spends ~2 µs on every argument of a command, several times what this costs."""
+    spends ~2 µs on every argument of a command, several times what this costs.
+    ``queued``: per operation, the seconds it waited in the queue (``encode``)."""
+    waits = [int(q * 1_000_000) for q in queued] if queued else [0] * len(ops)
     if len(ops) == 1:
-        return encode(ops[0])
+        return encode(ops[0], waits[0])
     places: dict[bytes, int] = {}
     args: list[bytes | str] = [b"batch"]
-    for op in ops:
-        op_keys, op_args = encode(op)
+    for op, queued_us in zip(ops, waits, strict=True):
+        op_keys, op_args = encode(op, queued_us)
         packed = [_array(1 + len(op_keys) + len(op_args)), _uint(len(op_keys))]
         for key in op_keys:
             packed.append(_uint(places.setdefault(key, len(places) + 1)))
@@ -330,8 +353,8 @@ _recurring = functools.lru_cache(maxsize=1024)(_bin)
 def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[Any]:
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message."""
-    if len(ops) == 1:
-        return [decode(ops[0], reply, notice)]
+    if len(ops) <= 1:  # (none: a call that opened a connection, answered "")
+        return [decode(ops[0], reply, notice)] if ops else []
     lines = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
     if len(lines) != len(ops):
         raise BackendError(f"Redis answered {len(lines)} lines for a batch of {len(ops)}")
@@ -355,14 +378,14 @@ def _raised(error: BackendError, cause: BaseException) -> BackendError:
 
 
 def _script_flow(
-    ops: list[Op[Any]], calls: _Calls, repairs: RepairNotice
+    ops: list[Op[Any]], queued: list[float], calls: _Calls, repairs: RepairNotice
 ) -> Generator[_Command, Any, list[Any]]:
     """Operations as the script runs them, in one call, for both backends (see ``_flow``):
     FCALL, or EVALSHA where functions cannot be used, loading the library or the script
     again when the server has lost it; driver errors become ours. The first call that
     succeeds also asks whether Redis may evict the limiter's keys. Returns each one's
     answer, or the error it raises."""
-    keys, args = encode_batch(ops)
+    keys, args = encode_batch(ops, queued)
     try:
         tries_left = _NOSCRIPT_TRIES
         while True:
@@ -429,23 +452,28 @@ def _batcher(
 ) -> Batcher[_Command]:
     """A backend's queue: as many calls in flight as it has connections (CONNECTIONS, or
     fewer in a client of the user's); on a Cluster only one hash slot's operations share
-    a call (a script reaches one slot)."""
+    a call (a script reaches one slot), and a place opens no connection ahead: a call of
+    no keys would go to any node, and each node has a pool of its own."""
     size = CONNECTIONS if owned or runner is None else min(CONNECTIONS, pool_size(runner))
-    group = _slot_of if cluster else _together
-    return Batcher(size, send, new_waker, wake, group, gone)
+    if cluster:
+        return Batcher(size, send, new_waker, wake, _slot_of, gone)
+    return Batcher(size, send, new_waker, wake, gone=gone, opens=True)
 
 
 def _slot_of(op: Op[Any]) -> int:
     return key_slot(redis_keys(op.key)[0])
 
 
-def _together(op: Op[Any]) -> None:
-    return None
-
-
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():  # (cancelled: its task leaves the queue, or passes its place on)
         future.set_result(None)
+
+
+def _copied(client: redis.asyncio.Redis) -> redis.asyncio.Redis:
+    """``async_copy`` of a client it did copy before."""
+    copy = async_copy(client)
+    assert copy is not None
+    return copy
 
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster
@@ -496,7 +524,7 @@ class RedisBackend(Backend):
         self._batcher = _batcher(
             self._runner,
             self._owned,
-            lambda ops: _script_flow(ops, self._calls, self._repairs),
+            lambda ops, queued: _script_flow(ops, queued, self._calls, self._repairs),
             threading.Event,
             threading.Event.set,
             cluster=self._url is not None or isinstance(client, redis.cluster.RedisCluster),
@@ -554,10 +582,14 @@ class AsyncRedisBackend(AsyncBackend):
     def __init__(self, client: AsyncClient | str, *, cluster: bool = False) -> None:
         self._owned = True
         self._runner: AsyncClient
+        # How to open the backend's connections again in another event loop (None: the
+        # client is the user's, used as it is).
+        self._remake: Callable[[], AsyncClient] | None = None
         if isinstance(client, str):
             check_url(client)
             # An asyncio RedisCluster only connects at its first command.
-            self._runner = async_from_url(client, cluster=cluster)
+            self._remake = functools.partial(async_from_url, client, cluster=cluster)
+            self._runner = self._remake()
             self.client: AsyncClient = self._runner
         elif isinstance(client, (redis.Redis, redis.cluster.RedisCluster)):
             raise TypeError("this is a sync Redis client: use RedisBackend with it")
@@ -565,6 +597,8 @@ class AsyncRedisBackend(AsyncBackend):
             self.client = client
             copy = async_copy(client)
             self._runner, self._owned = (client, False) if copy is None else (copy, True)
+            if copy is not None:
+                self._remake = functools.partial(_copied, client)
         elif isinstance(client, redis.asyncio.cluster.RedisCluster):
             self.client = self._runner = client
             self._owned = False
@@ -574,10 +608,14 @@ class AsyncRedisBackend(AsyncBackend):
             )
         self._repairs = RepairNotice()
         self._calls = _Calls()
-        self._batcher = _batcher(
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one its connections are of
+        self._batcher = self._new_batcher()
+
+    def _new_batcher(self) -> Batcher[_Command]:
+        return _batcher(
             self._runner,
             self._owned,
-            lambda ops: _script_flow(ops, self._calls, self._repairs),
+            lambda ops, queued: _script_flow(ops, queued, self._calls, self._repairs),
             lambda: asyncio.get_running_loop().create_future(),
             _resolve,
             cluster=isinstance(self._runner, redis.asyncio.cluster.RedisCluster),
@@ -585,7 +623,31 @@ class AsyncRedisBackend(AsyncBackend):
         )
 
     async def aexecute(self, op: Op[T]) -> T:
+        if asyncio.get_running_loop() is not self._loop:
+            self._bind()
         return await arun(self._batcher.flow(op), self._perform)
+
+    def _bind(self) -> None:
+        """Serve the running event loop. redis.asyncio's connections belong to the loop
+        that opened them: a backend used again after its loop ended (a second
+        ``asyncio.run``, a test's loop) opens its connections anew; one whose loop still
+        runs (in another thread) is an error. A client of the user's, used as it is, is
+        the user's to open in the loop it serves."""
+        loop, old = asyncio.get_running_loop(), self._loop
+        if old is not None:
+            if not old.is_closed() and old.is_running():
+                raise RuntimeError(
+                    f"{self!r} serves an event loop that still runs (in another thread): "
+                    "an AsyncRedisBackend serves one loop at a time; give each loop its own"
+                )
+            if self._remake is not None:
+                # (The old one's sockets went with its loop.) Built from a URL, the
+                # client given is the runner itself.
+                old_runner, self._runner = self._runner, self._remake()
+                if self.client is old_runner:
+                    self.client = self._runner
+            self._batcher = self._new_batcher()
+        self._loop = loop
 
     async def _perform(self, step: _Command | Wait) -> Any:
         if isinstance(step, Wait):
