@@ -92,7 +92,7 @@ def test_a_transport_reports_statuses_and_the_pause_the_upstream_asked_for(world
     assert kinds == ["admitted", "upstream_status", "paused", "admitted", "upstream_status"]
     first, pause, second = events[1], events[2], events[4]
     assert (first.status, second.status) == (429, 200)
-    assert first.route == "GET api.example.com/repos"  # never the query
+    assert first.route == "GET api.example.com"  # no Route matched: never its own path
     assert (pause.source, pause.reason, pause.route) == ("upstream", "Retry-After", first.route)
     assert pause.until == pytest.approx(first.time + 7, abs=0.01)
     assert events[3].waited == pytest.approx(7, abs=0.01)

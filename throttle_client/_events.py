@@ -65,8 +65,10 @@ class Event:
     - ``source``: who paused: "caller" (``limiter.pause``) or "upstream" (a transport
       read it in a response);
     - ``status``: the HTTP status (upstream_status);
-    - ``route``: the request, as "GET host/path" (upstream_status, and a pause a
-      transport set): never the query, which may carry a token.
+    - ``route``: the request's method and host, and the path of the ``Route`` it
+      matched ("GET api.github.com/search"; "GET api.github.com" when none matched):
+      never the request's own path, which may carry a secret or an id per call
+      (upstream_status, and a pause a transport set).
     """
 
     kind: str
@@ -100,7 +102,9 @@ class Listeners:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._all: tuple[Listener, ...] = ()
+        # Each addition with a token of its own: removing one (once, or twice) never
+        # removes another addition of the same function.
+        self._all: tuple[tuple[object, Listener], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self._all)
@@ -108,19 +112,18 @@ class Listeners:
     def add(self, listener: Listener) -> Callable[[], None]:
         if not callable(listener):
             raise TypeError(f"a listener must be a function of one Event, not {listener!r}")
+        token = object()
         with self._lock:
-            self._all += (listener,)
+            self._all += ((token, listener),)
 
         def remove() -> None:
             with self._lock:
-                index = self._all.index(listener) if listener in self._all else -1
-                if index >= 0:
-                    self._all = self._all[:index] + self._all[index + 1 :]
+                self._all = tuple(entry for entry in self._all if entry[0] is not token)
 
         return remove
 
     def send(self, event: Event) -> None:
-        for listener in self._all:
+        for _, listener in self._all:
             try:
                 listener(event)
             except Exception:  # a listener's bug must not fail the call it watches

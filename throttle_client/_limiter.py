@@ -257,6 +257,12 @@ class _LimiterCore:
         tag = None if self._tag is None else self._tag(key)
         return hashed_key(self._secret, self.namespace, key, tag)
 
+    def label(self, key: str) -> str:
+        """The label of ``key``: what events, metrics and the transports' logs show
+        instead of the key, the first characters of its keyed hash (its store key), the
+        same in every worker that shares the key secret."""
+        return key_label(self.store_key(key))
+
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` with every :class:`~throttle_client.Event` of this limiter
         (admitted, refused, timed out, late wake-up, paused, upstream status, store

@@ -6,7 +6,7 @@ store; :func:`key_label` gives the form that may appear in logs.
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Callable
 
 import httpx
 
@@ -32,8 +32,9 @@ def request_key(request: httpx.Request) -> str:
     return request.url.host
 
 
-def key_label(key: str, request: httpx.Request) -> str:
-    """What a log line may say about ``key``: the host itself, or a short digest of a token."""
+def key_label(key: str, request: httpx.Request, label: Callable[[str], str]) -> str:
+    """What a log line may say about ``key``: the host itself, or ``key#`` and the key's
+    label (``Limiter.label``: as events and metrics show it) for a token."""
     if key == request.url.host:
         return key
-    return "key#" + hashlib.sha256(key.encode()).hexdigest()[:10]
+    return "key#" + label(key)

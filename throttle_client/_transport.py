@@ -17,12 +17,12 @@ import math
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
 from ._errors import ConfigurationError
-from ._events import UPSTREAM_STATUS
+from ._events import UPSTREAM_STATUS, Listener
 from ._feedback import read_feedback
 from ._flow import Flow, arun, run
 from ._lease import AsyncLease, Lease, _Held
@@ -199,7 +199,10 @@ class _Plan(Generic[L]):
     cost: int
     also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
     label: str  # what logs may say about the key: a host, or a digest of the token
-    target: str  # "GET host/path": never the query, which may carry a token
+    target: str  # "GET host/path", for logs: never the query, which may carry a token
+    # "GET host" and the matched route's path, for events and metrics: never the request's
+    # own path, which may carry a secret (a webhook's, a bot's token) or an id per call.
+    route: str
     retryable: bool
 
 
@@ -242,6 +245,26 @@ class _TransportCore(Generic[L]):
                 raise ConfigurationError(f"acquire_timeout must be >= 0, not {seconds!r}")
             self.acquire_timeout = seconds
 
+    def limiters(self) -> list[L]:
+        """Every limiter the transport uses (its own, its routes', and their ``also=``
+        partners), once each."""
+        every = [self.limiter, *(route.limiter for route in self.routes)]
+        every += [spec[0] for spec in self.also]
+        every += [spec[0] for route in self.routes for spec in route.also]
+        unique = {id(limiter): limiter for limiter in every if limiter is not None}
+        return cast(list[L], list(unique.values()))
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """``listener`` on every limiter the transport uses, once each; returns the
+        function that stops it."""
+        removes = [limiter.listen(listener) for limiter in self.limiters()]
+
+        def remove() -> None:
+            for stop in removes:
+                stop()
+
+        return remove
+
     # -- before sending ---------------------------------------------------------------
 
     def plan(self, request: httpx.Request) -> _Plan[L] | None:
@@ -263,8 +286,9 @@ class _TransportCore(Generic[L]):
             key=key,
             cost=cost,
             also=tuple(_also_for(spec, request, cost) for spec in also),
-            label=key_label(key, request),
+            label=key_label(key, request, limiter.label),
             target=f"{request.method} {request.url.host}{request.url.path}",
+            route=f"{request.method} {request.url.host}{route.path if route else ''}",
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.
             and isinstance(request.stream, httpx.ByteStream),
@@ -295,7 +319,7 @@ class _TransportCore(Generic[L]):
             if limiter._listeners:
                 store_key = limiter.store_key(plan.key)
                 limiter._emit(
-                    UPSTREAM_STATUS, store_key, status=response.status_code, route=plan.target
+                    UPSTREAM_STATUS, store_key, status=response.status_code, route=plan.route
                 )
             if self.learn:
                 _, now = yield from limiter._learn_flow(
@@ -305,7 +329,7 @@ class _TransportCore(Generic[L]):
             if pause > 0:
                 # Which of the call's quotas the upstream meant, it does not say: every
                 # key of the call is paused (under-use at worst, never another refusal).
-                told = {"reason": reason, "source": "upstream", "route": plan.target}
+                told = {"reason": reason, "source": "upstream", "route": plan.route}
                 _, now = yield from limiter._pause_flow(plan.key, pause, now, **told)
                 for other, other_key, _ in plan.also:
                     _, now = yield from other._pause_flow(other_key, pause, now, **told)
@@ -528,6 +552,11 @@ class ThrottledTransport(httpx.BaseTransport):
 
         return run(self._core.flow(plan, request, limiter._local()), perform)
 
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with every :class:`~throttle_client.Event` of the limiters
+        this transport uses; returns the function that stops it."""
+        return self._core.listen(listener)
+
     def close(self) -> None:
         self._transport.close()
 
@@ -588,6 +617,10 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
 
         return await arun(self._core.flow(plan, request, limiter._local()), perform)
 
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """As :meth:`ThrottledTransport.listen`."""
+        return self._core.listen(listener)
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 
@@ -633,6 +666,11 @@ class ThrottledClient(httpx.Client):
             learn=learn,
         )
         super().__init__(transport=throttled, **kwargs)
+        self._throttled = throttled
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """As :meth:`ThrottledTransport.listen`."""
+        return self._throttled.listen(listener)
 
 
 class AsyncThrottledClient(httpx.AsyncClient):
@@ -671,3 +709,8 @@ class AsyncThrottledClient(httpx.AsyncClient):
             learn=learn,
         )
         super().__init__(transport=throttled, **kwargs)
+        self._throttled = throttled
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """As :meth:`ThrottledTransport.listen`."""
+        return self._throttled.listen(listener)

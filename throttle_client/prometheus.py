@@ -1,0 +1,82 @@
+"""Prometheus metrics of what limiters do (issue 12), with the ``prometheus`` extra
+(``prometheus_client``)::
+
+    from throttle_client.prometheus import instrument
+
+    stop = instrument(limiter)  # or a throttled transport or client
+    prometheus_client.start_http_server(9100)
+
+The instruments and their labels are ``_metrics``'s: decisions by outcome, wait seconds,
+late wake-ups, pauses by reason and source, upstream responses by route and status,
+store errors and fallbacks; keys appear as their label, never as themselves, and only
+the first ``top_keys`` keys (``top_routes`` routes) of a process get series of their own.
+Every limiter instrumented into one registry shares its metrics (told apart by the
+``namespace`` label) and its bounds, set by the first call for that registry; one
+instrumented twice (alone, or through a client that uses it) is counted once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "throttle_client.prometheus needs prometheus_client: "
+        "pip install 'throttle-client[prometheus]'"
+    ) from exc
+
+from ._metrics import INSTRUMENTS, TOP_KEYS, TOP_ROUTES, WAIT_BUCKETS, Instrument, Record, Sinks
+
+__all__ = ["instrument"]
+
+
+def _recorder(registry: CollectorRegistry) -> Record:
+    """The instruments, made in ``registry``, and what records into them."""
+    made: dict[str, Any] = {}
+    try:
+        for instrument in INSTRUMENTS:
+            made[instrument.name] = _make(instrument, registry)
+    except BaseException:  # (one of that name already there: none of ours stays)
+        for metric in made.values():
+            registry.unregister(metric)
+        raise
+
+    def record(instrument: Instrument, labels: tuple[str, ...], value: float) -> None:
+        child = made[instrument.name].labels(*labels)
+        if instrument.counter:
+            child.inc(value)
+        else:
+            child.observe(value)
+
+    return record
+
+
+def _make(instrument: Instrument, registry: CollectorRegistry) -> Any:
+    if instrument.counter:
+        return Counter(instrument.name, instrument.help, instrument.labels, registry=registry)
+    return Histogram(
+        instrument.name, instrument.help, instrument.labels, registry=registry, buckets=WAIT_BUCKETS
+    )
+
+
+_sinks = Sinks()
+
+
+def instrument(
+    target: Any,
+    *,
+    registry: CollectorRegistry | None = None,
+    top_keys: int = TOP_KEYS,
+    top_routes: int = TOP_ROUTES,
+) -> Callable[[], None]:
+    """Count what ``target`` (a limiter, or a throttled transport or client: every
+    limiter it uses) does in ``registry`` (prometheus_client's default one if None).
+    Returns the function that stops counting it. A limiter already counted in that
+    registry is not counted twice; the first call for a registry sets its bounds."""
+    registry = REGISTRY if registry is None else registry
+    make = functools.partial(_recorder, registry)
+    return _sinks.attach(registry, make, target, top_keys, top_routes)
