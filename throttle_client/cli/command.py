@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -186,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--json", action="store_true", help="print the summary as one JSON object, no live display"
+    )
+    demo.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="draw the quota, by slot and by arrival, into this image (.png, .svg, .pdf); "
+        "needs matplotlib (the plot extra)",
     )
 
     for name, summary in (
@@ -365,6 +372,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        _check_plot(args.plot)
     if args.redis is not None:
         try:
             backend = RedisBackend(args.redis)
@@ -396,11 +405,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"(for a live view: pip install '{PROG}[cli]')", file=sys.stderr)
         run = _demo.run_demo(config, watch=_demo.ProgressLines(sys.stderr))
     ok = run.summary["rejected"] == 0 and not run.errors
+    if args.plot is not None:
+        _demo.plot_run(run, args.plot)
     if args.json:
         print(json.dumps({**run.summary, "ok": ok, "errors": run.errors}))
     else:
         print(_demo.summary_text(run.summary, run.errors))
+        if args.plot is not None:
+            print(f"the quota's picture: {args.plot}")
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _check_plot(path: str) -> None:
+    """Before the demo runs, not after: a picture it could not draw."""
+    target = Path(path)
+    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise _UsageError(f"--plot {path!r}: the file's name must end in .png, .svg or .pdf")
+    if not target.resolve().parent.is_dir():
+        raise _UsageError(f"--plot {path!r}: no such directory")
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        raise _UsageError(f"--plot needs matplotlib: pip install '{PROG}[plot]'") from None
 
 
 def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:

@@ -402,6 +402,7 @@ class DemoRun:
     upstream_stats: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    slots: dict[int, list[float]] = field(default_factory=dict)  # token number -> slots
 
     def counts(self, number: int) -> tuple[int, int, int, int]:
         base = number * _FIELDS
@@ -503,7 +504,24 @@ def run_demo(config: DemoConfig, *, watch: Callable[[DemoRun], None] | None = No
         if not run.upstream_stats:
             raise DemoError("the local upstream API stopped answering")
         run.summary = judge(config, slots, run.upstream_stats, tokens, elapsed)
+        run.slots = slots
     return run
+
+
+def plot_run(run: DemoRun, path: str) -> dict[str, dict[str, int]]:
+    """The picture of the run's quota (``throttle_client.plot``): per token and rate, the
+    requests in the window by slot and by arrival against the limit."""
+    from throttle_client.plot import plot_quota
+
+    names = [f"token {number + 1}" for number in range(len(run.tokens))]
+    arrivals = run.upstream_stats.get("arrivals", {})
+    return plot_quota(
+        path,
+        run.config.rates,
+        {names[n]: run.slots.get(n, []) for n in range(len(names))},
+        {names[n]: arrivals.get(token, []) for n, token in enumerate(run.tokens)},
+        title=f"throttle-client demo: {run.config.workers} crawlers, {describe_quota(run.config)}",
+    )
 
 
 def _collect(
