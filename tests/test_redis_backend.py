@@ -117,7 +117,7 @@ def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.
     )
     exercise(limiter, TOKEN)
     stored = everything_stored(client)
-    assert len(keys_of(client)) == 2 and stored
+    assert len(keys_of(client)) == 3 and stored  # the log, the meta and the card
     assert not [item for item in stored if "secret" in item or TOKEN in item]
     # Every key is the namespace plus the hash tag, never the token.
     assert all(key.startswith("tc:ig:{") for key in keys_of(client))
@@ -160,7 +160,7 @@ def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis)
     limiter = Limiter(backend, margin=0, rates=["3/second", "5/10 seconds"], clock=FakeClock())
     limiter.acquire(TOKEN)
     keys = keys_of(client)
-    assert len(keys) == 2
+    assert len(keys) == 3  # the log, the meta and the card
     for key in keys:
         # 10 s, the longest period, plus one second of slack.
         assert 0 < client.pttl(key) <= 11_000
@@ -187,7 +187,7 @@ def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Red
     """Server time, a 50 ms window: the keys must be gone about a second later."""
     limiter = Limiter(backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001)
     limiter.acquire(TOKEN)
-    assert client.dbsize() == 2
+    assert client.dbsize() == 3  # the log, the meta and the card
     deadline = time.monotonic() + 10
     while client.dbsize() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -640,7 +640,7 @@ def test_each_redis_version_follows_the_semantics(each_redis: RedisServer) -> No
     assert [r.used for r in limiter.usage(TOKEN).rates] == [2, 3]
     limiter.pause(TOKEN, 5)
     assert us(limiter.usage(TOKEN).paused_for) == 5 * US
-    assert client.dbsize() == 2 and all(client.pttl(key) > 0 for key in keys_of(client))
+    assert client.dbsize() == 3 and all(client.pttl(key) > 0 for key in keys_of(client))
     limiter.reset(TOKEN)
     assert client.dbsize() == 0
     client.close()
@@ -770,7 +770,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         assert allowed == [True, True, False]
         assert client.connection_pool.connection_kwargs.get("socket_timeout") != 1.0
         db3 = redis.Redis(port=server.port, password="pw", db=3)
-        assert db3.dbsize() == 2  # the log and the meta, in the user's db
+        assert db3.dbsize() == 3  # the log, the meta and the card, in the user's db
         db3.close()
     finally:
         admin.close()

@@ -9,6 +9,7 @@ from ._backends.base import AsyncBackend, Backend
 from ._backends.memory import MemoryBackend
 from ._backends.redis import AsyncRedisBackend, RedisBackend
 from ._backends.sqlite import SQLiteBackend
+from ._cards import Card
 from ._decorator import throttled
 from ._errors import (
     BackendError,
@@ -18,7 +19,7 @@ from ._errors import (
     ThrottleError,
     ThrottleTimeout,
 )
-from ._events import Event
+from ._events import Event, key_label
 from ._failure import LocalFallback
 from ._feedback import QuotaView
 from ._keys import store_key
@@ -46,6 +47,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Card",
     "ConfigurationError",
     "CostTooHigh",
     "Decision",
@@ -68,6 +70,7 @@ __all__ = [
     "UpstreamView",
     "Usage",
     "__version__",
+    "key_label",
     "request_key",
     "store_key",
     "throttled",

@@ -46,12 +46,14 @@ from ._backends.base import (
     Renew,
     Reset,
     Snapshot,
+    StoreCard,
     ThreadedAsync,
     Verdict,
     Windows,
 )
 from ._backends.batching import GivenUp
 from ._calendar import windows_for
+from ._cards import Card, Cards, rate_text
 from ._errors import (
     BackendError,
     BackendUnavailable,
@@ -167,6 +169,7 @@ class _LimiterCore:
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
+        label: Callable[[str], str] | None = None,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not 1 <= len(listed) <= MAX_RATES:
@@ -249,19 +252,38 @@ class _LimiterCore:
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
         self._listeners = Listeners()
+        # Each key's card in the store (its label and this limiter's rules, for status
+        # and top), sent with a decision on the key every half of its horizon: the
+        # longest a call counts after its slot.
+        horizon = max(gap, *(rate.period for rate in self.rates)) + slack
+        card = Card(None, self.namespace, tuple(rate_text(r) for r in self.rates), gap, slack, cap)
+        self._cards = Cards(label, card, every=horizon / 2)
+        self._card_ttl_us = round(horizon * US)
 
     # -- validation -----------------------------------------------------------------
 
     def store_key(self, key: str) -> str:
         """The name of ``key``'s log in the store (see :func:`throttle_client.store_key`)."""
         tag = None if self._tag is None else self._tag(key)
-        return hashed_key(self._secret, self.namespace, key, tag)
+        store_key = hashed_key(self._secret, self.namespace, key, tag)
+        self._cards.label(store_key, key)  # (label=: asked once per key, and checked)
+        return store_key
 
     def label(self, key: str) -> str:
-        """The label of ``key``: what events, metrics and the transports' logs show
-        instead of the key, the first characters of its keyed hash (its store key), the
-        same in every worker that shares the key secret."""
-        return key_label(self.store_key(key))
+        """The label of ``key``: what events, metrics, the transports' logs and the
+        store's card of the key (``status``, ``top``) show instead of the key. The one
+        ``label=`` gives, else the first 8 characters of its keyed hash (its store key),
+        the same in every worker that shares the key secret."""
+        return self._label_of(self.store_key(key))
+
+    def _label_of(self, store_key: str) -> str:
+        return self._cards.label(store_key) or key_label(store_key)
+
+    def _cards_due(self, store_key: str, now: float) -> tuple[StoreCard, ...]:
+        """The key's card, if a decision made now is to write it."""
+        if not self._cards.due(store_key, now):
+            return ()
+        return (StoreCard(store_key, self._cards.text(store_key), self._card_ttl_us),)
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` with every :class:`~throttle_client.Event` of this limiter
@@ -273,7 +295,7 @@ class _LimiterCore:
     def _emit(self, kind: str, store_key: str, **fields: Any) -> None:
         """Send an event about ``store_key`` (callers test ``self._listeners`` first:
         with no listener, no event is made)."""
-        event = Event(kind, self.namespace, key_label(store_key), self._wall(), **fields)
+        event = Event(kind, self.namespace, self._label_of(store_key), self._wall(), **fields)
         self._listeners.send(event)
 
     def _cost(self, cost: int) -> int:
@@ -387,21 +409,10 @@ class _LimiterCore:
         """``mark``: the answer marks where a limit learned from the response would count
         from (a call of the transports, which read the response's headers)."""
         mark_us = self._margin_us if mark else -1
-        if lease_id:  # a capped call: the store keeps its lease with its slot
-            charges = self._charges(key, cost, also, now)
-            if len(charges) > 1:
-                self._together([charge.key for charge in charges])
-            return AcquireAll(
-                charges,
-                max_wait_us,
-                _call_id(),
-                now_us=self._at(now),
-                lease_id=lease_id,
-                mark_us=mark_us,
-            )
-        if not also:
+        if not also and not lease_id:
+            store_key = self.store_key(key)
             return Acquire(
-                key=self.store_key(key),
+                key=store_key,
                 quota=self._quota_at(now),
                 cost=self._cost(cost),
                 max_wait_us=max_wait_us,
@@ -409,11 +420,26 @@ class _LimiterCore:
                 call_id=_call_id(),
                 now_us=self._at(now),
                 mark_us=mark_us,
+                cards=self._cards_due(store_key, now),
             )
+        # A stacked call (also=), or a capped one (lease_id: the store keeps its lease
+        # with its slot).
         charges = self._charges(key, cost, also, now)
-        op = AcquireAll(charges, max_wait_us, _call_id(), now_us=self._at(now), mark_us=mark_us)
-        self._together([charge.key for charge in charges])
-        return op
+        if len(charges) > 1:
+            self._together([charge.key for charge in charges])
+        owners = [self, *(entry[0] for entry in also)]
+        cards = [
+            c for o, ch in zip(owners, charges, strict=True) for c in o._cards_due(ch.key, now)
+        ]
+        return AcquireAll(
+            charges,
+            max_wait_us,
+            _call_id(),
+            now_us=self._at(now),
+            lease_id=lease_id,
+            mark_us=mark_us,
+            cards=tuple(cards),
+        )
 
     def _check_partner(self, other: object) -> None:
         """Another limiter a call is also charged to: of this world, on this store."""
@@ -499,6 +525,10 @@ class _LimiterCore:
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
             verdict, from_store, now = yield from self._ask_flow(op, sent, also)
+            if op.cards and not from_store:  # (not written: the next decision writes them)
+                for limiter in (self, *(entry[0] for entry in also)):
+                    for card in op.cards:
+                        limiter._cards.missed(card.key)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if verdict.waiting and isinstance(op, AcquireAll):
@@ -564,7 +594,7 @@ class _LimiterCore:
                     asked = now
                     try:
                         snap, from_store, now = yield from self._ask_flow(
-                            self._inspect_op(key, now), now
+                            self._inspect_op(self.store_key(key), now), now
                         )
                     except BackendUnavailable:  # the store went away: the slot stands
                         now = yield ReadClock()
@@ -782,10 +812,10 @@ class _LimiterCore:
             bounds.append((math.floor(span / self.min_interval) + 1) * self._max_cost)
         return min(bounds)
 
-    def _usage_flow(self, key: str, now: float) -> Flow[Usage]:
-        snap, _, _ = yield from self._ask_flow(self._inspect_op(key, now), now)
+    def _usage_flow(self, store_key: str, now: float) -> Flow[Usage]:
+        snap, _, _ = yield from self._ask_flow(self._inspect_op(store_key, now), now)
         usage = self._usage(snap)
-        return dataclasses.replace(usage, upstream=self._upstream.get(self.store_key(key)))
+        return dataclasses.replace(usage, upstream=self._upstream.get(store_key))
 
     def _learn_flow(
         self,
@@ -932,8 +962,8 @@ class _LimiterCore:
             )
         return late - spread
 
-    def _inspect_op(self, key: str, now: float) -> Inspect:
-        return Inspect(key=self.store_key(key), quota=self._quota_at(now), now_us=self._at(now))
+    def _inspect_op(self, store_key: str, now: float) -> Inspect:
+        return Inspect(key=store_key, quota=self._quota_at(now), now_us=self._at(now))
 
     def _usage(self, snap: Snapshot) -> Usage:
         now = snap.now_us
@@ -1024,6 +1054,11 @@ class Limiter(_LimiterCore):
     default 30): how soon the lease of a holder that died (``kill -9``) frees its slot;
     living holders renew theirs every third of it.
 
+    ``label``: a function of a key giving what operators see instead of it ("account
+    42"): in events, metrics, logs, and the card the store keeps beside the key, which
+    ``throttle-client status`` and ``top`` read. At most 64 printable characters, never
+    the key itself. By default a key shows as the first 8 characters of its keyed hash.
+
     ``clock`` and ``sleep`` are for tests (see ``throttle_client.testing``). With a
     clock, Redis follows it instead of its own TIME.
     """
@@ -1044,6 +1079,7 @@ class Limiter(_LimiterCore):
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
+        label: Callable[[str], str] | None = None,
     ) -> None:
         if not isinstance(backend, (Backend, AsyncBackend)):
             backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
@@ -1061,6 +1097,7 @@ class Limiter(_LimiterCore):
             retry_for=retry_for,
             max_concurrent=max_concurrent,
             lease_ttl=lease_ttl,
+            label=label,
         )
         self.backend = backend
         self._sleep = sleep
@@ -1144,7 +1181,11 @@ class Limiter(_LimiterCore):
 
     def usage(self, key: str) -> Usage:
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
-        return run(self._usage_flow(key, self._local()), self._perform)
+        return run(self._usage_flow(self.store_key(key), self._local()), self._perform)
+
+    def _usage_of(self, store_key: str) -> Usage:
+        """:meth:`usage` of a key known by its store key only (``throttle-client top``)."""
+        return run(self._usage_flow(store_key, self._local()), self._perform)
 
     def pause(self, key: str, seconds: float | timedelta) -> float:
         """No slot for ``key`` before ``now + seconds``, for every worker; returns the
@@ -1197,6 +1238,7 @@ class AsyncLimiter(_LimiterCore):
         retry_for: float | timedelta = 1.0,
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
+        label: Callable[[str], str] | None = None,
     ) -> None:
         super().__init__(
             rates=rates,
@@ -1210,6 +1252,7 @@ class AsyncLimiter(_LimiterCore):
             retry_for=retry_for,
             max_concurrent=max_concurrent,
             lease_ttl=lease_ttl,
+            label=label,
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
@@ -1276,7 +1319,7 @@ class AsyncLimiter(_LimiterCore):
         return AsyncLease(_Held(self, key, cost, timeout, also, before_request=False))
 
     async def usage(self, key: str) -> Usage:
-        return await arun(self._usage_flow(key, self._local()), self._perform)
+        return await arun(self._usage_flow(self.store_key(key), self._local()), self._perform)
 
     async def pause(self, key: str, seconds: float | timedelta) -> float:
         return (await arun(self._pause_flow(key, seconds, self._local()), self._perform))[0]

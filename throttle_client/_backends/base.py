@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeGuard, TypeVar
@@ -196,6 +196,15 @@ class Snapshot:
     learned: tuple[int, int, int] | None = None
 
 
+class StoreCard(NamedTuple):
+    """A key's card (``_cards``) that a decision writes beside its key, in the same
+    atomic step; it lasts as long as the key, and ``ttl_us`` at least."""
+
+    key: str  # the store key
+    text: str
+    ttl_us: int
+
+
 @dataclass(frozen=True)
 class Acquire(Op[Verdict]):
     """Find the earliest slot for ``cost``; book it if it is at most ``max_wait_us`` away.
@@ -216,6 +225,7 @@ class Acquire(Op[Verdict]):
     # >= 0: the answer marks where a limit learned from this call's response would count
     # from (Verdict.mark): the running total through its slot less this (the margin).
     mark_us: int = -1
+    cards: tuple[StoreCard, ...] = ()  # written with the decision, whatever it is
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,7 @@ class AcquireAll(Op[Verdict]):
     # id of the call, kept when it books again (a late wake-up) so it never holds two.
     lease_id: str = ""
     mark_us: int = -1  # as Acquire's, for the first key
+    cards: tuple[StoreCard, ...] = ()  # as Acquire's
 
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]
@@ -385,6 +396,16 @@ class Backend(abc.ABC):
         """Forget everything about one key, named by its store key (``Limiter.store_key``,
         :func:`throttle_client.store_key`), whatever rates it was used with."""
         self.execute(Reset(key=_checked(store_key)))
+
+    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
+        """The cards kept beside these keys (``_cards``): store key -> card, for the keys
+        that have one."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
+
+    def all_cards(self) -> Iterator[tuple[str, str]]:
+        """Every key's card in the store (store key, card), read in steps of bounded
+        cost, in no order; a key written meanwhile may be missed or given twice."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
 
     def ping(self) -> None:
         """Raise BackendUnavailable or BackendError if the store cannot be used; changes

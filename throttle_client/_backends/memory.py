@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from . import leases
@@ -12,6 +12,7 @@ from .base import (
     Backend,
     InlineAsync,
     Op,
+    Reset,
     host_clock,
 )
 from .sliding_log import Coarse
@@ -183,6 +184,8 @@ class MemoryBackend(Backend):
         self._clock = host_clock(clock, "MemoryBackend")
         self._logs: dict[str, _MemoryLog] = {}
         self._leases: dict[str, _MemoryLeases] = {}
+        self._cards: dict[str, tuple[str, int]] = {}  # store key -> (card, expires µs)
+        self._seen = 0  # the latest time an operation ran at (µs): cards read at it
         self._lock = threading.Lock()
         self._ops = 0
 
@@ -190,6 +193,7 @@ class MemoryBackend(Backend):
         granted: list[str] = []
         with self._lock:
             now = op.time_us(self._clock)
+            self._seen = max(self._seen, now)
             result = self._run(op, now, granted)
             self._ops += 1
             if self._ops % _SWEEP_EVERY == 0:
@@ -207,6 +211,11 @@ class MemoryBackend(Backend):
             return self._leases.setdefault(key, _MemoryLeases())
 
         result = leases.execute(op, logs, view, now, granted)
+        if isinstance(op, Reset):
+            self._cards.pop(op.key, None)
+        for card in getattr(op, "cards", ()):
+            lives = max((log.expires_at for log in logs if log.expires_at), default=0)
+            self._cards[card.key] = (card.text, max(lives, now + card.ttl_us))
         for key, log in zip(keys, logs, strict=True):
             if (
                 not log.times
@@ -231,11 +240,23 @@ class MemoryBackend(Backend):
     def _sweep(self, now: int) -> None:
         for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
             del self._logs[key]
+        for key in [k for k, (_, expires) in self._cards.items() if expires <= now]:
+            del self._cards[key]
         for key, view in list(self._leases.items()):
             view.prune(now)
             view.head(now)
             if not view.holders and not view.queue:
                 del self._leases[key]
+
+    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
+        with self._lock:
+            now, found = self._seen, {key: self._cards.get(key) for key in store_keys}
+        return {key: card[0] for key, card in found.items() if card and card[1] > now}
+
+    def all_cards(self) -> Iterator[tuple[str, str]]:
+        with self._lock:
+            now, every = self._seen, list(self._cards.items())
+        return iter([(key, text) for key, (text, expires) in every if expires > now])
 
     def to_async(self) -> InlineAsync:
         """What AsyncLimiter uses: the same store, called inline (it never blocks)."""

@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import itertools
 import threading
 import warnings
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from importlib import resources
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -47,6 +48,7 @@ from .base import (
     Renew,
     Reset,
     Snapshot,
+    StoreCard,
     Verdict,
 )
 from .batching import Batcher, Send, Wait
@@ -88,6 +90,19 @@ def redis_keys(key: str) -> tuple[bytes, bytes]:
     """The Redis keys of one store key: its log (a sorted set) and its meta (a string)."""
     prefix = f"tc:{key}:".encode()
     return prefix + b"log", prefix + b"meta"
+
+
+def card_key(key: str) -> bytes:
+    """A key's card (``_cards``): a string beside its log and meta."""
+    return f"tc:{key}:card".encode()
+
+
+CARDS_STEP = 500  # keys a read of every card (SCAN's COUNT) asks for at once
+
+
+def _text(value: bytes | str) -> str:
+    # (A damaged card reads as text its parser refuses: the reader counts it, and goes on.)
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 @functools.lru_cache(maxsize=4096)
@@ -144,7 +159,7 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     long it waited in the backend's queue; an acquire waits that much less for its slot,
     so a call never outlasts its timeout by the time it queued."""
     if isinstance(op, Reset):
-        return redis_keys(op.key) + lease_keys(op.key), (b"reset",)
+        return redis_keys(op.key) + lease_keys(op.key) + (card_key(op.key),), (b"reset",)
     now = b"-" if op.now_us is None else b"%d" % op.now_us
     if isinstance(op, (Release, Renew)):
         capped = [c for c in op.charges if c.quota.max_concurrent]
@@ -318,14 +333,18 @@ def encode_batch(
     one operation goes as it is. KEYS holds each key once; each operation is one
     argument, msgpack of [n, its n keys' places in KEYS, its arguments...]: redis-py
     spends ~2 µs on every argument of a command, several times what this costs.
-    ``queued``: per operation, the seconds it waited in the queue (``encode``)."""
+    ``queued``: per operation, the seconds it waited in the queue (``encode``). The
+    cards an acquire carries go after it, each an operation of the batch."""
     waits = [int(q * 1_000_000) for q in queued] if queued else [0] * len(ops)
-    if len(ops) == 1:
-        return encode(ops[0], waits[0])
+    items = []
+    for op, queued_us in zip(ops, waits, strict=True):
+        items.append(encode(op, queued_us))
+        items += [_card_item(card) for card in getattr(op, "cards", ())]
+    if len(items) == 1:
+        return items[0]
     places: dict[bytes, int] = {}
     args: list[bytes | str] = [b"batch"]
-    for op, queued_us in zip(ops, waits, strict=True):
-        op_keys, op_args = encode(op, queued_us)
+    for op_keys, op_args in items:
         packed = [_array(1 + len(op_keys) + len(op_args)), _uint(len(op_keys))]
         for key in op_keys:
             packed.append(_uint(places.setdefault(key, len(places) + 1)))
@@ -333,6 +352,12 @@ def encode_batch(
             packed.append(_bin(arg.encode()) if isinstance(arg, str) else _recurring(arg))
         args.append(b"".join(packed))
     return tuple(places), tuple(args)
+
+
+def _card_item(card: StoreCard) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+    """A key's card, written beside its log and meta (the script's "card")."""
+    ttl_ms = b"%d" % max(1, -(-card.ttl_us // 1000))
+    return (redis_keys(card.key)[1], card_key(card.key)), (b"card", b"-", b"-", card.text, ttl_ms)
 
 
 def _bin(data: bytes) -> bytes:
@@ -353,11 +378,15 @@ _recurring = functools.lru_cache(maxsize=1024)(_bin)
 def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[Any]:
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message."""
-    if len(ops) <= 1:  # (none: a call that opened a connection, answered "")
+    cards = [len(getattr(op, "cards", ())) for op in ops]
+    if len(ops) <= 1 and not any(cards):  # (none: a call that opened a connection: "")
         return [decode(ops[0], reply, notice)] if ops else []
     lines = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
-    if len(lines) != len(ops):
+    if len(lines) != len(ops) + sum(cards):
         raise BackendError(f"Redis answered {len(lines)} lines for a batch of {len(ops)}")
+    if any(cards):  # each operation's own line (a card's: "1", or an error it shrugs off)
+        places = itertools.accumulate([0, *cards[:-1]], lambda at, n: at + 1 + n)
+        lines = [lines[at] for at in places]
     outcomes: list[Any] = []
     for op, line in zip(ops, lines, strict=True):
         if line[:1] in (b"!", "!"):
@@ -560,6 +589,36 @@ class RedisBackend(Backend):
             runner.close()
             if isinstance(runner, redis.Redis):
                 runner.connection_pool.disconnect()  # a pool we gave it is not closed with it
+
+    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
+        keys = list(store_keys)
+        try:
+            pipe = (self._runner or self._connect()).pipeline(transaction=False)
+            for key in keys:
+                pipe.get(card_key(key))
+            found = pipe.execute()
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        return {key: _text(card) for key, card in zip(keys, found, strict=True) if card}
+
+    def all_cards(self) -> Iterator[tuple[str, str]]:
+        """As :meth:`Backend.all_cards`: SCAN (never KEYS), CARDS_STEP keys per step, on
+        every primary of a Cluster."""
+        try:
+            runner = self._runner or self._connect()
+            names: list[bytes] = []
+            for name in runner.scan_iter(match=b"tc:*:card", count=CARDS_STEP):
+                names.append(name.encode() if isinstance(name, str) else name)
+                if len(names) == CARDS_STEP:
+                    yield from self._read_cards(names)
+                    names = []
+            yield from self._read_cards(names)
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+
+    def _read_cards(self, names: list[bytes]) -> Iterator[tuple[str, str]]:
+        keys = [name[3:-5].decode() for name in names]  # (tc:KEY:card)
+        yield from self.cards(keys).items()
 
     def to_async(self) -> AsyncBackend:
         raise TypeError("RedisBackend wraps a sync client: AsyncLimiter needs AsyncRedisBackend")

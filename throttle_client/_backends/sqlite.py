@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -105,6 +105,11 @@ CREATE TABLE IF NOT EXISTS tc_coarse (
     key TEXT PRIMARY KEY,
     logs TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tc_cards (
+    key TEXT PRIMARY KEY,
+    card TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -134,7 +139,20 @@ _FORGET_LEARNED = "DELETE FROM tc_learned WHERE key = ?"
 _COARSE = "SELECT logs FROM tc_coarse WHERE key = ?"
 _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 # Everything a key holds, but its leases: what a reset or an expiry forgets.
-_FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE)
+CARDS_STEP = 500  # cards read at once by all_cards
+_FORGET_CARD = "DELETE FROM tc_cards WHERE key = ?"
+# A key forgotten (reset, or expired) takes its card along.
+_FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE, _FORGET_CARD)
+# A key's card (``_cards``): it lasts as long as the key, and its own TTL at least.
+_CARD = (
+    "INSERT INTO tc_cards (key, card, expires_at) VALUES (?, ?, ?) ON CONFLICT (key) "
+    "DO UPDATE SET card = excluded.card, expires_at = max(expires_at, excluded.expires_at)"
+)
+_CARDS_OF = "SELECT key, card FROM tc_cards WHERE key = ? AND expires_at > ?"
+_ALL_CARDS = "SELECT key, card FROM tc_cards WHERE key > ? AND expires_at > ? ORDER BY key LIMIT ?"
+_EXPIRED_CARDS = (
+    "DELETE FROM tc_cards WHERE key IN (SELECT key FROM tc_cards WHERE expires_at <= ? LIMIT ?)"
+)
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
@@ -749,6 +767,9 @@ class SQLiteBackend(Backend):
             if writable:
                 for log in logs:
                     log.save()
+                for card in getattr(op, "cards", ()):
+                    lives = max((log.expires_at for log in logs), default=0)
+                    db.execute(_CARD, (card.key, card.text, max(lives, now + card.ttl_us)))
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)
@@ -788,6 +809,31 @@ class SQLiteBackend(Backend):
     def doorbell(self) -> SQLiteDoorbell:
         """As :attr:`Backend.doorbell`; it also hears of grants made by other processes."""
         return SQLiteDoorbell(self.path)
+
+    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
+        now, found = int(self._clock() * 1_000_000), dict[str, str]()
+        try:
+            db = self._connection().db
+            with _transaction(db, "BEGIN"):
+                for key in store_keys:
+                    found.update(db.execute(_CARDS_OF, (key, now)).fetchall())
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        return found
+
+    def all_cards(self) -> Iterator[tuple[str, str]]:
+        """As :meth:`Backend.all_cards`: CARDS_STEP cards per read, by key."""
+        after, now = "", int(self._clock() * 1_000_000)
+        while True:
+            try:
+                db = self._connection().db
+                rows = db.execute(_ALL_CARDS, (after, now, CARDS_STEP)).fetchall()
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+            yield from rows
+            if len(rows) < CARDS_STEP:
+                return
+            after = rows[-1][0]
 
     def to_async(self) -> ThreadedAsync:
         """What AsyncLimiter uses: each operation in a worker thread, as it may wait on a
@@ -852,6 +898,7 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     db.executemany(_UNHOLD, held)
     dead = db.execute(_DEAD_TICKETS, (now, _SWEEP_BATCH)).fetchall()
     db.executemany(_DEQUEUE, dead)
+    db.execute(_EXPIRED_CARDS, (now, _SWEEP_BATCH))
 
 
 # Errors that pass without anyone changing anything, so the limiter's on_unavailable applies:

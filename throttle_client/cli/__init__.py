@@ -3,9 +3,11 @@
 The library never imports this package: a worker that throttles its requests loads
 none of it (nor ``rich``, which the live view of the demo needs: the ``cli`` extra).
 
-- :mod:`.command`: the command line (``demo``, ``status``, ``reset``);
+- :mod:`.command`: the command line (``demo``, ``status``, ``reset``, ``top``);
 - :mod:`.demo`: crawler processes sharing one quota against a strict local API;
-- :mod:`.live`: the demo's live view, with rich (the only module that imports it);
+- :mod:`.top`: the keys of a store nearest their limits, read from their cards;
+- :mod:`.live`: the live views of the demo and of ``top``, with rich (the only module
+  that imports it);
 - :mod:`.upstream`: that API, :class:`~throttle_client.cli.upstream.StrictUpstream`.
 """
 

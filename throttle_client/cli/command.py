@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 from throttle_client import (
     Backend,
     BackendError,
+    Card,
     ConfigurationError,
     Limiter,
     Rate,
@@ -39,12 +41,16 @@ from throttle_client import (
 )
 
 from . import demo as _demo
+from . import top as _top
 
 PROG = "throttle-client"
 # Where the library reads its key secret when none is given (README, "Tokens are
 # secrets"): status and reset hash keys with it, as every worker's limiter does.
 SECRET_ENV = "THROTTLE_CLIENT_KEY_SECRET"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+
+
+_CLUSTER_HELP = "the Redis URL is a node of a Redis Cluster"
 
 
 class _UsageError(Exception):
@@ -195,6 +201,42 @@ def build_parser() -> argparse.ArgumentParser:
         "needs matplotlib (the plot extra)",
     )
 
+    top = commands.add_parser(
+        "top",
+        help="the keys in use, nearest their limits first, redrawn live",
+        description="The keys in use in a store, nearest their limits first: label, per rate "
+        "used + booked of the limit, calls booked ahead, a pause in force, in-flight calls of "
+        "a capped key. It reads each key's card (kept in the store beside the key by the "
+        "limiters that use it) with SCAN in steps of bounded cost, never KEYS, on a Redis "
+        "Cluster too, and changes nothing.",
+    )
+    store = top.add_mutually_exclusive_group(required=True)
+    store.add_argument("--redis", metavar="URL", help="the Redis the limiters use")
+    store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiters use")
+    top.add_argument("--cluster", action="store_true", help=_CLUSTER_HELP)
+    top.add_argument("--namespace", help="only the keys of this namespace (default: all)")
+    top.add_argument("--json", action="store_true", help="print one look as JSON, and stop")
+    top.add_argument(
+        "--rows", type=_count, default=20, metavar="N", help="keys shown (default %(default)s)"
+    )
+    top.add_argument(
+        "--interval",
+        type=_seconds(0.1, inclusive=True),
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between looks (default %(default)s)",
+    )
+    top.add_argument(
+        "--scan-limit",
+        type=_count,
+        default=_top.SCAN_LIMIT,
+        metavar="N",
+        help="the most keys read per look (default %(default)s)",
+    )
+    top.add_argument(
+        "--iterations", type=_count, metavar="N", help="stop after N looks (default: Ctrl-C)"
+    )
+
     for name, summary in (
         ("status", "per rate, used, booked ahead and remaining; the next free slot; any pause"),
         ("reset", "forget everything about the keys"),
@@ -210,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         store = sub.add_mutually_exclusive_group(required=True)
         store.add_argument("--redis", metavar="URL", help="the Redis the limiter uses")
         store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiter uses")
+        sub.add_argument("--cluster", action="store_true", help=_CLUSTER_HELP)
         sub.add_argument(
             "--namespace", default="default", help="the limiter's namespace (default %(default)s)"
         )
@@ -230,24 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
                 "--rate",
                 type=_rate,
                 action="append",
-                required=True,
                 metavar="RATE",
-                help="the limiter's rates (required: the store does not keep them), "
-                "repeatable, e.g. '5000/hour'",
+                help="the limiter's rates, repeatable, e.g. '5000/hour' (by default those "
+                "of the key's card, which its limiters keep in the store)",
             )
             sub.add_argument(
                 "--min-interval",
                 type=_seconds(0, inclusive=True),
                 default=0.0,
                 metavar="SECONDS",
-                help="the limiter's minimum interval",
+                help="the limiter's minimum interval (with --rate)",
             )
             sub.add_argument(
                 "--margin",
                 type=_seconds(0, inclusive=True),
                 default=_demo.DEFAULT_MARGIN,
                 metavar="SECONDS",
-                help="the limiter's margin (default %(default)s): it widens the windows",
+                help="the limiter's margin (with --rate; default %(default)s): it widens "
+                "the windows",
             )
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.add_argument("keys", nargs="*", metavar="KEY", help="keys (access tokens), or '-'")
@@ -275,9 +318,11 @@ def _keys(args: argparse.Namespace) -> list[str]:
 
 
 def _open_store(args: argparse.Namespace) -> Backend:
+    if args.cluster and args.redis is None:
+        raise _UsageError("--cluster goes with --redis URL")
     if args.redis is not None:
         try:
-            return RedisBackend(args.redis)
+            return RedisBackend(args.redis, cluster=args.cluster)
         except ValueError as exc:
             raise _UsageError(f"bad Redis URL {_redact(args.redis)!r}: {exc}") from None
     if not os.path.isfile(args.sqlite):
@@ -292,21 +337,40 @@ def _label(number: int, hashed: str) -> dict[str, str]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     keys = _keys(args)
+    tag = None if args.tag is None else (lambda _key: args.tag)
     with _open_store(args) as backend:
-        limiter = Limiter(
-            backend,
-            rates=args.rate,
-            min_interval=args.min_interval,
-            margin=args.margin,
-            namespace=args.namespace,
-            tag=None if args.tag is None else (lambda _key: args.tag),
-        )
-        usages = [limiter.usage(key) for key in keys]
+        hashed = [store_key(key, namespace=args.namespace, tag=args.tag) for key in keys]
+        # Each key's card: the label and the rules its limiters gave it.
+        cards = {k: Card.parse(text) for k, text in backend.cards(hashed).items()}
+        usages = []
+        for number, (key, hashed_key) in enumerate(zip(keys, hashed, strict=True), 1):
+            card = cards.get(hashed_key)
+            if args.rate is not None:
+                rules = (args.rate, args.min_interval, args.margin)
+            elif card is not None:
+                rules = (list(card.rates), card.min_interval, card.margin)
+            else:
+                raise _UsageError(
+                    f"key {number} has no card in the store (no limiter of this version "
+                    "used it within its longest window): pass its rates with --rate"
+                )
+            rates, gap, margin = rules
+            limiter = Limiter(
+                backend,
+                rates=rates,
+                min_interval=gap,
+                margin=margin,
+                namespace=args.namespace,
+                tag=tag,
+            )
+            usages.append(limiter.usage(key))
     report: list[dict[str, Any]] = []
-    for number, (key, usage) in enumerate(zip(keys, usages, strict=True), 1):
+    for number, (hashed_key, usage) in enumerate(zip(hashed, usages, strict=True), 1):
+        card = cards.get(hashed_key)
         report.append(
             {
-                **_label(number, limiter.store_key(key)),
+                **_label(number, hashed_key),
+                "label": None if card is None else card.label,
                 "rates": [
                     {
                         "rate": str(r.rate),
@@ -334,7 +398,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"namespace": args.namespace, "keys": report}))
         return EXIT_OK
     for entry in report:
-        print(f"{entry['key']}  (store key {entry['store_key']})")
+        label = "" if entry["label"] is None else f", label {entry['label']!r}"
+        print(f"{entry['key']}  (store key {entry['store_key']}{label})")
         width = max(14, *(len(r["rate"]) for r in entry["rates"]))  # (one column of rates)
         for r in entry["rates"]:
             wait = f", a call can go in {r['resets_in']:.3f} s" if r["resets_in"] else ""
@@ -429,6 +494,43 @@ def _check_plot(path: str) -> None:
         raise _UsageError(f"--plot needs matplotlib: pip install '{PROG}[plot]'") from None
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    with _open_store(args) as backend:
+
+        def look() -> _top.Look:
+            return _top.look(backend, args.namespace, args.scan_limit)
+
+        if args.json:
+            print(json.dumps(look().to_json()))
+            return EXIT_OK
+        live = _live_top()
+        if live is not None and sys.stdout.isatty():
+            live(look, args.interval, args.iterations, args.rows)
+            return EXIT_OK
+        looks = 0
+        try:
+            while True:
+                print(_top.text_table(look(), args.rows), flush=True)
+                looks += 1
+                if args.iterations is not None and looks >= args.iterations:
+                    return EXIT_OK
+                time.sleep(args.interval)
+                print()
+        except KeyboardInterrupt:
+            return EXIT_OK
+
+
+def _live_top() -> Callable[..., None] | None:
+    """top's live view, or None without rich (as ``_live_view``)."""
+    try:
+        from .live import watch_top
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "rich":
+            raise
+        return None
+    return watch_top
+
+
 def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:
     """The demo with its live view, or None without rich (the ``cli`` extra): the one
     place where rich may be missing."""
@@ -441,7 +543,7 @@ def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:
     return run_live
 
 
-COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset}
+COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset, "top": cmd_top}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

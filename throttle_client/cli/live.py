@@ -1,4 +1,5 @@
-"""The demo's live view: a table redrawn in the terminal while the crawlers run.
+"""The live views of the command: the demo's table, redrawn in the terminal while the
+crawlers run, and ``top``'s.
 
 It needs rich, which the ``cli`` extra installs (``pip install 'throttle-client[cli]'``);
 the command imports this module in one place and, without rich, prints plain progress
@@ -8,13 +9,14 @@ lines instead (:class:`~throttle_client.cli.demo.ProgressLines`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import demo
+from . import demo, top
 from .demo import DemoConfig, DemoRun
 
 
@@ -61,3 +63,40 @@ def live_view(run: DemoRun) -> Group:
         f"   upstream: {admitted} admitted, {rejected} refused (429)"
     )
     return Group(table, footer)
+
+
+def watch_top(
+    look: Callable[[], top.Look], interval: float, iterations: int | None, rows: int
+) -> None:
+    """``throttle-client top``'s live view: :func:`top_view` of a new look every
+    ``interval`` seconds, until Ctrl-C (or ``iterations`` looks)."""
+    looks = 0
+    with Live(top_view(look(), rows), console=Console(), auto_refresh=False) as display:
+        try:
+            while iterations is None or (looks := looks + 1) < iterations:
+                time.sleep(interval)
+                display.update(top_view(look(), rows), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def top_view(view: top.Look, rows: int) -> Group:
+    """A rich renderable of one look: the fullest ``rows`` keys."""
+    table = Table(title="keys nearest their limits", title_justify="left")
+    for name in ("label", "namespace", "full", "paused", "ahead", "per rate: used + booked"):
+        table.add_column(name, justify="left" if name in ("label", "namespace") else "right")
+    table.add_column("in flight", justify="right")
+    for row in view.keys[:rows]:
+        style = "bold red" if row.paused_for or row.fullness >= 1 else ""
+        table.add_row(
+            row.label,
+            row.namespace,
+            Text(f"{row.fullness:.0%}", style=style),
+            f"{row.paused_for:.1f} s" if row.paused_for else "-",
+            str(row.booked),
+            "  ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates),
+            f"{row.in_flight}/{row.max_concurrent} ({row.waiting} queued)"
+            if row.max_concurrent
+            else "-",
+        )
+    return Group(table, Text(top.footer(view, rows)))

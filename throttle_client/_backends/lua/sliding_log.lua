@@ -27,7 +27,8 @@
 --
 -- ARGV[1] the operation: acquire | inspect | pause | learn | reset | acquire_all | lease |
 --         release | renew (the last three: concurrency caps, see "Concurrency caps" below),
---         or batch: several of them in one call (see run_batch at the end)
+--         card (a key's card, beside it: see run_one), or batch: several of them in one
+--         call (see run_batch at the end)
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text.
 --         A period is a number (sliding), [period, width] (a bounded sliding rate, in
@@ -711,7 +712,17 @@ local function run_one(keys, argv)
   if op == 'reset' then
     local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
     if gone then gone.needed, opened[keys[2]] = nil, nil end
-    redis.call('DEL', unpack(keys)) -- the log, the meta, and a capped key's lease keys
+    redis.call('DEL', unpack(keys)) -- the log, the meta, a capped key's lease keys, the card
+    return '1'
+  end
+  if op == 'card' then
+    -- A key's card (JSON for operators: its label and rules), beside its M (keys: M,
+    -- C; argv: card, -, -, the card, a TTL in ms): it gets M's TTL, or that one if longer.
+    local ttl = whole(argv[5], 1)
+    if #keys ~= 2 or type(argv[4]) ~= 'string' or not ttl then return fail('bad card') end
+    local left = redis.call('PTTL', keys[1])
+    if left > ttl then ttl = left end
+    redis.call('SET', keys[2], argv[4], 'PX', ttl)
     return '1'
   end
   if argv[3] == '-' then

@@ -1,0 +1,143 @@
+"""``throttle-client top`` (issue 12, part 4) and ``status`` reading keys' cards."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from throttle_client import Backend, Limiter, RedisBackend, SQLiteBackend
+from throttle_client.cli import live, top
+
+TOKEN = "ghp_top_test_token_41b2"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "throttle_client", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@contextlib.contextmanager
+def seeded(backend: Backend) -> Iterator[dict[str, Limiter]]:
+    """Keys at 20 %, 60 % and 100 % of a limit, one paused, and one capped key holding a
+    lease (while the block runs), in two namespaces."""
+    crawl = Limiter(
+        backend, rates=["5/minute", "100/hour"], namespace="crawl", label=lambda k: k.upper()
+    )
+    for key, calls in (("low", 1), ("mid", 3), ("full", 5), ("paused", 1)):
+        for _ in range(calls):
+            assert crawl.try_acquire(f"{TOKEN}-{key}").allowed
+    crawl.pause(f"{TOKEN}-paused", 300)
+    capped = Limiter(backend, rates="100/minute", namespace="caps", max_concurrent=4)
+    with capped.lease(f"{TOKEN}-capped"), backend:  # held: 1 of 4 in flight
+        yield {"crawl": crawl, "caps": capped}
+
+
+def labels_of(look: dict[str, Any]) -> list[str]:
+    return [row["label"] for row in look["keys"]]
+
+
+def test_top_json_on_sqlite_sorts_nearest_first_and_filters(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    with seeded(SQLiteBackend(path)) as limiters:
+        result = cli("top", "--sqlite", str(path), "--json")
+        only = cli("top", "--sqlite", str(path), "--json", "--namespace", "caps")
+        cut = cli("top", "--sqlite", str(path), "--json", "--scan-limit", "2")
+    assert result.returncode == 0, result.stderr
+    look = json.loads(result.stdout)
+    suffix = TOKEN.upper()
+    capped_label = limiters["caps"].label(f"{TOKEN}-capped")
+    # A paused key first, then by how much of a limit is used or booked.
+    assert labels_of(look) == [
+        f"{suffix}-PAUSED",
+        f"{suffix}-FULL",
+        f"{suffix}-MID",
+        capped_label,  # 1 of 4 in flight: 25 %
+        f"{suffix}-LOW",
+    ]
+    rows = {row["label"]: row for row in look["keys"]}
+    full = rows[f"{suffix}-FULL"]
+    assert full["fullness"] == 1.0 and full["namespace"] == "crawl"
+    assert [(r["rate"], r["used"], r["limit"]) for r in full["rates"]] == [
+        ("5/60s", 5, 5),
+        ("100/3600s", 5, 100),
+    ]
+    assert 299 < rows[f"{suffix}-PAUSED"]["paused_for"] <= 300
+    capped = rows[capped_label]
+    assert (capped["in_flight"], capped["max_concurrent"], capped["waiting"]) == (1, 4, 0)
+    assert (look["read"], look["unreadable"], look["truncated"]) == (5, 0, False)
+    assert TOKEN not in result.stdout  # labels and store keys only
+
+    assert [row["namespace"] for row in json.loads(only.stdout)["keys"]] == ["caps"]
+    cut_look = json.loads(cut.stdout)
+    assert (cut_look["read"], cut_look["truncated"], len(cut_look["keys"])) == (2, True, 2)
+
+
+@pytest.mark.parametrize("where", ["redis", "cluster"])
+def test_top_json_on_redis_and_a_cluster(where: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(f"{where}_url")
+    cluster = where == "cluster"
+    with seeded(RedisBackend(url, cluster=cluster)) as limiters:
+        # A card another version wrote (or a damaged one) is counted, not shown.
+        junk = f"tc:{limiters['crawl'].store_key('junk')}:card"
+        client = limiters["crawl"].backend.client  # type: ignore[attr-defined]
+        client.set(junk, b"\xff not json", px=60_000)
+        result = cli("top", "--redis", url, "--json", *(["--cluster"] if cluster else []))
+    assert result.returncode == 0, result.stderr
+    look = json.loads(result.stdout)
+    assert len(look["keys"]) == 5 and look["read"] == 6 and look["unreadable"] == 1
+    assert look["keys"][0]["label"].endswith("-PAUSED")
+    assert look["keys"][1]["fullness"] == 1.0
+
+
+def test_top_prints_plain_tables_without_a_terminal(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    with seeded(SQLiteBackend(path)):
+        result = cli("top", "--sqlite", str(path), "--iterations", "2", "--interval", "0.1")
+    assert result.returncode == 0, result.stderr
+    tables = result.stdout.strip().split("\n\n")
+    assert len(tables) == 2
+    lines = tables[0].splitlines()
+    assert lines[0].split()[:3] == ["label", "namespace", "full"]
+    assert lines[1].startswith(f"{TOKEN.upper()}-PAUSED")
+    assert "5+0/5 per 5/60s" in lines[2] and "100%" in lines[2]
+    assert lines[-1] == "5 of 5 keys shown"
+
+
+def test_top_live_view_renders_the_look(tmp_path: Path) -> None:
+    with seeded(SQLiteBackend(tmp_path / "limits.db")) as limiters:
+        look = top.look(limiters["crawl"].backend)
+    console = Console(record=True, width=200)
+    console.print(live.top_view(look, rows=2))
+    text = console.export_text()
+    assert f"{TOKEN.upper()}-PAUSED" in text and f"{TOKEN.upper()}-FULL" in text
+    assert f"{TOKEN.upper()}-MID" not in text  # two rows asked
+    assert "2 of 5 keys shown" in text
+
+
+def test_status_reads_the_rules_and_label_from_the_card(tmp_path: Path) -> None:
+    path = tmp_path / "limits.db"
+    with seeded(SQLiteBackend(path)):
+        mid = cli("status", "--sqlite", str(path), "--namespace", "crawl", "--json", f"{TOKEN}-mid")
+        unknown = cli("status", "--sqlite", str(path), "--namespace", "crawl", "never-used")
+        given = cli("status", "--sqlite", str(path), "--rate", "9/second", "--json", "never-used")
+    assert mid.returncode == 0, mid.stderr
+    (entry,) = json.loads(mid.stdout)["keys"]
+    assert entry["label"] == f"{TOKEN.upper()}-MID"
+    assert [(r["rate"], r["used"]) for r in entry["rates"]] == [("5/60s", 3), ("100/3600s", 3)]
+    # A key no limiter used: no card, so its rates must be given.
+    assert unknown.returncode == 2
+    assert "has no card" in unknown.stderr and "--rate" in unknown.stderr
+    assert "never-used" not in unknown.stderr
+    assert json.loads(given.stdout)["keys"][0]["label"] is None

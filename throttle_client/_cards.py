@@ -1,0 +1,162 @@
+"""A key's card: what the store keeps beside a key so that an operator can read it
+without the key (issue 12): its label, and the limiter's namespace and rules.
+
+Keys are hashed in the store, so ``throttle-client status`` and ``top`` cannot say which
+token is which, nor, for ``top``, what its limits are. Each limiter sends a key's card
+with a decision on that key (in the same atomic step: no round trip of its own), the
+first in this process and again every half of the key's horizon, so that the card lasts
+while the key does: the store gives it the key's TTL, or the horizon if longer.
+
+A label is the user's (``label=``: a function of the key, such as "account 42"), or none;
+the card never holds the key itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from ._errors import ConfigurationError
+from ._rate import Rate
+
+MAX_LABEL = 64  # characters
+REMEMBERED = 4096  # keys whose label and card this process keeps in mind, the newest
+
+
+def checked_label(value: object, key: str) -> str:
+    """What ``label(key)`` returned, checked: a short printable string that does not
+    hold the key (a label is stored and shown; a key may be a secret)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_LABEL:
+        raise ConfigurationError(
+            f"label= must return a string of 1 to {MAX_LABEL} characters, not {value!r}"
+        )
+    if not value.isprintable():
+        raise ConfigurationError(f"a label must be printable, with no line breaks: {value!r}")
+    if len(key) >= 4 and key in value:
+        # (Not shown: the value holds the key, which may be an access token.)
+        raise ConfigurationError("label= returned a label that holds the key itself")
+    return value
+
+
+def rate_text(rate: Rate) -> str:
+    """``rate`` as Rate.parse reads it back, equal where it can be (str() gives a period
+    6 digits, in an exponent when very short or long, which Rate.parse does not read).
+    One it cannot write so makes a card no reader reads (counted, not shown): never an
+    error in the decision that carries it."""
+    text = str(rate)
+    if _reads_back(text, rate):
+        return text
+    buckets = f" in {rate.buckets} buckets" if rate.buckets else ""
+    return f"{rate.limit}/{format(Decimal(repr(rate.period)), 'f')}s{buckets}"
+
+
+def _reads_back(text: str, rate: Rate) -> bool:
+    try:
+        return Rate.parse(text) == rate
+    except ConfigurationError:
+        return False
+
+
+@dataclass(frozen=True)
+class Card:
+    """A key's card: what the store keeps beside a key for operators (as JSON), written
+    by the decisions of the limiters that use it: the key's ``label`` (``label=``; None
+    when they give none), their ``namespace`` and their rules. ``Backend.cards()`` and
+    ``Backend.all_cards()`` read the JSON, ``Card.parse`` reads a card from it."""
+
+    label: str | None
+    namespace: str
+    rates: tuple[str, ...]  # as Rate.parse reads them
+    min_interval: float = 0.0
+    margin: float = 0.0
+    max_concurrent: int | None = None
+
+    def text(self) -> str:
+        fields = {
+            "label": self.label,
+            "namespace": self.namespace,
+            "rates": list(self.rates),
+            "min_interval": self.min_interval,
+            "margin": self.margin,
+            "max_concurrent": self.max_concurrent,
+        }
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def parse(cls, text: str | bytes) -> Card | None:
+        """The card ``text`` holds, or None if it does not hold one (another version's,
+        or damaged): a reader shows what it can."""
+        try:
+            fields = json.loads(text)
+            card = cls(
+                label=fields["label"],
+                namespace=fields["namespace"],
+                rates=tuple(fields["rates"]),
+                min_interval=float(fields.get("min_interval", 0.0)),
+                margin=float(fields.get("margin", 0.0)),
+                max_concurrent=fields.get("max_concurrent"),
+            )
+            for rate in card.rates:
+                Rate.parse(rate)
+        except (ValueError, TypeError, KeyError, AttributeError, ConfigurationError):
+            return None
+        if (card.label is not None and not isinstance(card.label, str)) or not isinstance(
+            card.namespace, str
+        ):
+            return None
+        return card
+
+
+class Cards:
+    """One limiter's memory of its keys' labels and of when each key's card is next due
+    in the store (local clock), for the newest REMEMBERED keys: a key forgotten here only
+    has its label asked again and its card sent again."""
+
+    def __init__(self, label: Callable[[str], str] | None, card: Card, every: float) -> None:
+        if label is not None and not callable(label):
+            raise TypeError(f"label must be a function of a key, not {label!r}")
+        self._label = label
+        self._card = card  # (its label: each key's own)
+        self._every = every  # seconds between sends of one key's card
+        self._labels: OrderedDict[str, str] = OrderedDict()  # store key -> user label
+        self._due: OrderedDict[str, float] = OrderedDict()  # store key -> next send
+        self._lock = threading.Lock()
+
+    def label(self, store_key: str, key: str | None = None) -> str | None:
+        """The user's label of the key (asked once, with ``key``), or None."""
+        if self._label is None:
+            return None
+        known = self._labels.get(store_key)
+        if known is not None or key is None:
+            return known
+        value = checked_label(self._label(key), key)
+        with self._lock:
+            self._labels[store_key] = value
+            if len(self._labels) > REMEMBERED:
+                self._labels.popitem(last=False)
+        return value
+
+    def text(self, store_key: str) -> str:
+        """The card of a key whose label was asked (``label``)."""
+        return dataclasses.replace(self._card, label=self.label(store_key)).text()
+
+    def due(self, store_key: str, now: float) -> bool:
+        """Whether a decision made now carries the key's card; if so, the next is due
+        later (a call that did not reach the store gives it back: ``missed``)."""
+        with self._lock:
+            if self._due.get(store_key, now) > now:
+                return False
+            self._due[store_key] = now + self._every
+            self._due.move_to_end(store_key)
+            if len(self._due) > REMEMBERED:
+                self._due.popitem(last=False)
+            return True
+
+    def missed(self, store_key: str) -> None:
+        with self._lock:
+            self._due.pop(store_key, None)
