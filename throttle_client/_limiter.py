@@ -902,10 +902,15 @@ class _LimiterCore:
         reason: str = "",
         source: str = "caller",
         route: str = "",
+        refused: bool = False,
     ) -> Flow[tuple[float, float]]:
         """Pause ``key``: the pause's end (epoch seconds), and the local time after.
-        ``reason``, ``source``, ``route``: what the event says (see Event)."""
+        ``reason``, ``source``, ``route``: what the event says (see Event); a pause a
+        transport sets also keeps its ``reason``, and whether the upstream ``refused``
+        the call (a 429), in the store as the key's pushback (``top`` shows it)."""
         op = self._pause_op(key, seconds, now)
+        if reason or refused:
+            op = dataclasses.replace(op, reason=reason, refused=refused)
         until, _, now = yield from self._execute_flow(op, now)
         if self._listeners:
             fields = {"reason": reason, "source": source, "route": route}

@@ -330,9 +330,14 @@ class _TransportCore(Generic[L]):
                 # Which of the call's quotas the upstream meant, it does not say: every
                 # key of the call is paused (under-use at worst, never another refusal).
                 told = {"reason": reason, "source": "upstream", "route": plan.route}
-                _, now = yield from limiter._pause_flow(plan.key, pause, now, **told)
+                refused = response.status_code == 429
+                _, now = yield from limiter._pause_flow(
+                    plan.key, pause, now, refused=refused, **told
+                )
                 for other, other_key, _ in plan.also:
-                    _, now = yield from other._pause_flow(other_key, pause, now, **told)
+                    _, now = yield from other._pause_flow(
+                        other_key, pause, now, refused=refused, **told
+                    )
             if not retry or attempt == attempts:
                 return response
             logger.info(

@@ -310,12 +310,50 @@ class Inspect(Op[Snapshot]):
 
 @dataclass(frozen=True)
 class Pause(Op[int]):
-    """No slot before ``now + duration_us``; answers the pause in force (µs since the epoch)."""
+    """No slot before ``now + duration_us``; answers the pause in force (µs since the epoch).
+
+    A transport's pause says why (``reason``: the header, or "backoff"), and whether the
+    response refused the call (``refused``: a 429); the store keeps both as the key's
+    pushback (:class:`Pushback`)."""
 
     key: str
     quota: Quota
     duration_us: int
     now_us: int | None = None
+    reason: str = ""
+    refused: bool = False
+
+
+# The refusals a key's pushback counts: in steps of 10 s, the last 6 (a minute).
+PUSHBACK_STEP_US = 10_000_000
+PUSHBACK_STEPS = 6
+
+
+class Pushback(NamedTuple):
+    """What the upstream told the transports about a key lately, as the store keeps it:
+    the ``reason`` of the pause in force that one of them set (the header it read, or
+    "backoff"; None when no such pause is in force), and the calls it ``refused`` (429)
+    in the last minute, counted in steps of 10 seconds."""
+
+    reason: str | None
+    refused: int
+
+
+def pushback_step(now_us: int) -> int:
+    return now_us // PUSHBACK_STEP_US
+
+
+def refused_lately(steps: dict[int, int], now_us: int) -> int:
+    """The refusals counted in the steps of the last minute."""
+    newest = pushback_step(now_us)
+    return sum(n for step, n in steps.items() if newest - PUSHBACK_STEPS < step <= newest)
+
+
+def pushback_at(reason: str, until_us: int, steps: dict[int, int], now_us: int) -> Pushback | None:
+    """A key's pushback as it stands at ``now_us``, from what a store keeps (the reason
+    of the transports' pause, its end, the refusals per step); None if nothing holds."""
+    said = Pushback(reason if until_us > now_us and reason else None, refused_lately(steps, now_us))
+    return said if said.reason or said.refused else None
 
 
 @dataclass(frozen=True)
@@ -406,6 +444,11 @@ class Backend(abc.ABC):
         """Every key's card in the store (store key, card), read in steps of bounded
         cost, in no order; a key written meanwhile may be missed or given twice."""
         raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
+
+    def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
+        """The pushback of these keys (:class:`Pushback`), for those that have any in
+        force: a pause a transport set, or refusals in the last minute."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no pushback of its keys")
 
     def ping(self) -> None:
         """Raise BackendUnavailable or BackendError if the store cannot be used; changes

@@ -5,15 +5,21 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from . import leases
 from .base import (
+    PUSHBACK_STEPS,
     Backend,
     InlineAsync,
     Op,
+    Pause,
+    Pushback,
     Reset,
     host_clock,
+    pushback_at,
+    pushback_step,
+    refused_lately,
 )
 from .sliding_log import Coarse
 
@@ -185,6 +191,9 @@ class MemoryBackend(Backend):
         self._logs: dict[str, _MemoryLog] = {}
         self._leases: dict[str, _MemoryLeases] = {}
         self._cards: dict[str, tuple[str, int]] = {}  # store key -> (card, expires µs)
+        # Store key -> the reason of the transports' pause, its end (µs), and the
+        # refusals per step (``Pushback``).
+        self._pushback: dict[str, tuple[str, int, dict[int, int]]] = {}
         self._seen = 0  # the latest time an operation ran at (µs): cards read at it
         self._lock = threading.Lock()
         self._ops = 0
@@ -213,6 +222,9 @@ class MemoryBackend(Backend):
         result = leases.execute(op, logs, view, now, granted)
         if isinstance(op, Reset):
             self._cards.pop(op.key, None)
+            self._pushback.pop(op.key, None)
+        if isinstance(op, Pause) and (op.reason or op.refused):
+            self._push_back(op, cast(int, result), now)
         for card in getattr(op, "cards", ()):
             lives = max((log.expires_at for log in logs if log.expires_at), default=0)
             self._cards[card.key] = (card.text, max(lives, now + card.ttl_us))
@@ -237,11 +249,24 @@ class MemoryBackend(Backend):
             log.born = now
         return log
 
+    def _push_back(self, op: Pause, pause_until: int, now: int) -> None:
+        reason, until, steps = self._pushback.get(op.key, ("", 0, {}))
+        if op.reason and pause_until == now + op.duration_us:  # (this pause is in force)
+            reason, until = op.reason, pause_until
+        if op.refused:
+            step = pushback_step(now)
+            steps = {s: n for s, n in steps.items() if s > step - PUSHBACK_STEPS}
+            steps[step] = steps.get(step, 0) + 1
+        self._pushback[op.key] = (reason, until, steps)
+
     def _sweep(self, now: int) -> None:
         for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
             del self._logs[key]
         for key in [k for k, (_, expires) in self._cards.items() if expires <= now]:
             del self._cards[key]
+        for key, (_, until, steps) in list(self._pushback.items()):
+            if until <= now and not refused_lately(steps, now):
+                del self._pushback[key]
         for key, view in list(self._leases.items()):
             view.prune(now)
             view.head(now)
@@ -252,6 +277,16 @@ class MemoryBackend(Backend):
         with self._lock:
             now, found = self._seen, {key: self._cards.get(key) for key in store_keys}
         return {key: card[0] for key, card in found.items() if card and card[1] > now}
+
+    def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
+        with self._lock:
+            now, found = self._seen, {key: self._pushback.get(key) for key in store_keys}
+        told = {}
+        for key, record in found.items():
+            said = None if record is None else pushback_at(*record, now)
+            if said is not None:
+                told[key] = said
+        return told
 
     def all_cards(self) -> Iterator[tuple[str, str]]:
         with self._lock:

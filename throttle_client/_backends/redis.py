@@ -18,6 +18,7 @@ import functools
 import hashlib
 import itertools
 import threading
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from importlib import resources
@@ -43,6 +44,7 @@ from .base import (
     Learn,
     Op,
     Pause,
+    Pushback,
     Quota,
     Release,
     Renew,
@@ -50,6 +52,7 @@ from .base import (
     Snapshot,
     StoreCard,
     Verdict,
+    pushback_at,
 )
 from .batching import Batcher, Send, Wait
 from .redis_clients import (
@@ -95,6 +98,11 @@ def redis_keys(key: str) -> tuple[bytes, bytes]:
 def card_key(key: str) -> bytes:
     """A key's card (``_cards``): a string beside its log and meta."""
     return f"tc:{key}:card".encode()
+
+
+def pushback_key(key: str) -> bytes:
+    """A key's pushback (base.Pushback): a hash beside its log and meta."""
+    return f"tc:{key}:pushback".encode()
 
 
 CARDS_STEP = 500  # keys a read of every card (SCAN's COUNT) asks for at once
@@ -159,7 +167,8 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     long it waited in the backend's queue; an acquire waits that much less for its slot,
     so a call never outlasts its timeout by the time it queued."""
     if isinstance(op, Reset):
-        return redis_keys(op.key) + lease_keys(op.key) + (card_key(op.key),), (b"reset",)
+        every = redis_keys(op.key) + lease_keys(op.key) + (card_key(op.key), pushback_key(op.key))
+        return every, (b"reset",)
     now = b"-" if op.now_us is None else b"%d" % op.now_us
     if isinstance(op, (Release, Renew)):
         capped = [c for c in op.charges if c.quota.max_concurrent]
@@ -193,6 +202,10 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
             return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead)
         return keys, (b"acquire", quota, now, cost, wait, op.call_id)
     if isinstance(op, Pause):
+        if op.reason or op.refused:  # a transport's: the key's pushback too
+            told = (op.reason, b"1" if op.refused else b"0")
+            duration = b"%d" % op.duration_us
+            return (*keys, pushback_key(op.key)), (b"pause", quota, now, duration, *told)
         return keys, (b"pause", quota, now, b"%d" % op.duration_us)
     if isinstance(op, Learn):
         learned = (op.since_us, op.until_us, op.limit, op.from_cum, op.born)
@@ -615,6 +628,25 @@ class RedisBackend(Backend):
             yield from self._read_cards(names)
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
+
+    def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
+        keys = list(store_keys)
+        try:
+            pipe = (self._runner or self._connect()).pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(pushback_key(key))
+            found = pipe.execute()
+        except DRIVER_ERRORS as exc:
+            raise translate(exc) from exc
+        now, told = int(time.time() * 1_000_000), {}
+        for key, fields in zip(keys, found, strict=True):
+            record = {_text(name): _text(value) for name, value in fields.items()}
+            steps = {int(n[2:]): int(v) for n, v in record.items() if n[:2] == "s:"}
+            until = int(record.get("until", 0))
+            said = pushback_at(record.get("reason", ""), until, steps, now)
+            if said is not None:
+                told[key] = said
+        return told
 
     def _read_cards(self, names: list[bytes]) -> Iterator[tuple[str, str]]:
         keys = [name[3:-5].decode() for name in names]  # (tc:KEY:card)

@@ -40,6 +40,8 @@ from typing import Any, TypeVar, cast
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
 from . import leases, sliding_log
 from .base import (
+    PUSHBACK_STEP_US,
+    PUSHBACK_STEPS,
     Acquire,
     AcquireAll,
     Backend,
@@ -47,11 +49,14 @@ from .base import (
     Learn,
     Op,
     Pause,
+    Pushback,
     Quota,
     Release,
     Renew,
     ThreadedAsync,
     host_clock,
+    pushback_at,
+    pushback_step,
 )
 from .doorbell import Doorbell
 
@@ -110,6 +115,13 @@ CREATE TABLE IF NOT EXISTS tc_cards (
     card TEXT NOT NULL,
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tc_pushback (
+    key TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    until INTEGER NOT NULL,
+    steps TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -141,8 +153,26 @@ _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 # Everything a key holds, but its leases: what a reset or an expiry forgets.
 CARDS_STEP = 500  # cards read at once by all_cards
 _FORGET_CARD = "DELETE FROM tc_cards WHERE key = ?"
-# A key forgotten (reset, or expired) takes its card along.
-_FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE, _FORGET_CARD)
+_FORGET_PUSHBACK = "DELETE FROM tc_pushback WHERE key = ?"
+# A key forgotten (reset, or expired) takes its card and pushback along.
+_FORGET_KEY = (
+    _FORGET_ENTRIES,
+    _FORGET_META,
+    _FORGET_LEARNED,
+    _FORGET_COARSE,
+    _FORGET_CARD,
+    _FORGET_PUSHBACK,
+)
+# A key's pushback (base.Pushback): steps, JSON of [[step, refusals], ...].
+_PUSHBACK_OF = "SELECT key, reason, until, steps FROM tc_pushback WHERE key = ?"
+_PUSH_BACK = (
+    "INSERT OR REPLACE INTO tc_pushback (key, reason, until, steps, expires_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_EXPIRED_PUSHBACK = (
+    "DELETE FROM tc_pushback WHERE key IN "
+    "(SELECT key FROM tc_pushback WHERE expires_at <= ? LIMIT ?)"
+)
 # A key's card (``_cards``): it lasts as long as the key, and its own TTL at least.
 _CARD = (
     "INSERT INTO tc_cards (key, card, expires_at) VALUES (?, ?, ?) ON CONFLICT (key) "
@@ -770,6 +800,8 @@ class SQLiteBackend(Backend):
                 for card in getattr(op, "cards", ()):
                     lives = max((log.expires_at for log in logs), default=0)
                     db.execute(_CARD, (card.key, card.text, max(lives, now + card.ttl_us)))
+                if isinstance(op, Pause) and (op.reason or op.refused):
+                    _push_back(db, op, cast(int, result), now)
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)
@@ -820,6 +852,20 @@ class SQLiteBackend(Backend):
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         return found
+
+    def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
+        now, told = int(self._clock() * 1_000_000), dict[str, Pushback]()
+        try:
+            db = self._connection().db
+            with _transaction(db, "BEGIN"):
+                rows = [db.execute(_PUSHBACK_OF, (key,)).fetchone() for key in store_keys]
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        for row in rows:
+            said = None if row is None else pushback_at(row[1], row[2], _steps(row[3]), now)
+            if said is not None:
+                told[row[0]] = said
+        return told
 
     def all_cards(self) -> Iterator[tuple[str, str]]:
         """As :meth:`Backend.all_cards`: CARDS_STEP cards per read, by key."""
@@ -899,6 +945,25 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     dead = db.execute(_DEAD_TICKETS, (now, _SWEEP_BATCH)).fetchall()
     db.executemany(_DEQUEUE, dead)
     db.execute(_EXPIRED_CARDS, (now, _SWEEP_BATCH))
+    db.execute(_EXPIRED_PUSHBACK, (now, _SWEEP_BATCH))
+
+
+def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:
+    """Keep what a transport's pause says (base.Pushback), in the pause's transaction."""
+    row = db.execute(_PUSHBACK_OF, (op.key,)).fetchone()
+    reason, until, steps = ("", 0, {}) if row is None else (row[1], row[2], _steps(row[3]))
+    if op.reason and pause_until == now + op.duration_us:  # (this pause is in force)
+        reason, until = op.reason, pause_until
+    if op.refused:
+        step = pushback_step(now)
+        steps = {s: n for s, n in steps.items() if s > step - PUSHBACK_STEPS}
+        steps[step] = steps.get(step, 0) + 1
+    expires = max(until, now + (PUSHBACK_STEPS + 1) * PUSHBACK_STEP_US)
+    db.execute(_PUSH_BACK, (op.key, reason, until, json.dumps(list(steps.items())), expires))
+
+
+def _steps(text: str) -> dict[int, int]:
+    return {int(step): int(n) for step, n in json.loads(text)}
 
 
 # Errors that pass without anyone changing anything, so the limiter's on_unavailable applies:

@@ -83,7 +83,15 @@ def watch_top(
 def top_view(view: top.Look, rows: int) -> Group:
     """A rich renderable of one look: the fullest ``rows`` keys."""
     table = Table(title="keys nearest their limits", title_justify="left")
-    for name in ("label", "namespace", "full", "paused", "ahead", "per rate: used + booked"):
+    for name in (
+        "label",
+        "namespace",
+        "full",
+        "paused",
+        "429s",
+        "ahead",
+        "per rate: used + booked",
+    ):
         table.add_column(name, justify="left" if name in ("label", "namespace") else "right")
     table.add_column("in flight", justify="right")
     for row in view.keys[:rows]:
@@ -92,7 +100,8 @@ def top_view(view: top.Look, rows: int) -> Group:
             row.label,
             row.namespace,
             Text(f"{row.fullness:.0%}", style=style),
-            f"{row.paused_for:.1f} s" if row.paused_for else "-",
+            f"{row.paused_for:.1f} s ({row.reason or 'caller'})" if row.paused_for else "-",
+            Text(str(row.refused), style="bold red" if row.refused else ""),
             str(row.booked),
             "  ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates),
             f"{row.in_flight}/{row.max_concurrent} ({row.waiting} queued)"

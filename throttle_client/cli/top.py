@@ -37,6 +37,8 @@ class KeyRow:
     rates: tuple[RateRow, ...]
     fullness: float  # the most of any limit used or booked (1.0: at the limit)
     paused_for: float  # seconds of a pause in force (0: none)
+    reason: str | None  # why, when a transport set it: the header, or "backoff"
+    refused: int  # the calls the upstream refused (429) in the last minute
     booked: int  # units booked ahead: calls waiting for their slots
     in_flight: int | None  # a capped key: its calls in flight, and its cap
     max_concurrent: int | None
@@ -85,6 +87,12 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
                 max_concurrent=card.max_concurrent,
             )
         rows.append(_row(store_key, card, limiter))
+    told = backend.pushback([row.store_key for row in rows])
+    for number, row in enumerate(rows):
+        said = told.get(row.store_key)
+        if said is not None:
+            reason = said.reason if row.paused_for else None
+            rows[number] = dataclasses.replace(row, reason=reason, refused=said.refused)
     rows.sort(key=lambda row: (row.paused_for > 0, row.fullness, row.booked), reverse=True)
     return Look(tuple(rows), read, unreadable, truncated)
 
@@ -106,6 +114,8 @@ def _row(store_key: str, card: Card, limiter: Limiter) -> KeyRow:
         rates=rates,
         fullness=round(max(shares), 6),
         paused_for=round(usage.paused_for, 6),
+        reason=None,
+        refused=0,
         booked=rates[0].booked,
         in_flight=usage.in_flight,
         max_concurrent=card.max_concurrent,
@@ -119,8 +129,8 @@ def text_table(view: Look, rows: int) -> str:
     shown = view.keys[:rows]
     width = max([5, *(len(row.label) for row in shown)])
     space = max([9, *(len(row.namespace) for row in shown)])
-    head = f"{'label':<{width}} {'namespace':<{space}} {'full':>5}  {'paused':>8}  {'ahead':>5}"
-    lines = [f"{head}  rates"]
+    head = f"{'label':<{width}} {'namespace':<{space}} {'full':>5}  {'paused':>8}  {'429s':>4}"
+    lines = [f"{head}  {'ahead':>5}  rates"]
     for row in shown:
         rates = ", ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates)
         if row.max_concurrent:
@@ -128,9 +138,11 @@ def text_table(view: Look, rows: int) -> str:
         if row.learned is not None:
             rates += f", learned {row.learned[0]}/{row.learned[1]}"
         paused = f"{row.paused_for:.1f} s" if row.paused_for else "-"
+        if row.reason:
+            rates += f", paused on {row.reason}"
         lines.append(
             f"{row.label:<{width}} {row.namespace:<{space}} {_percent(row.fullness):>5}  "
-            f"{paused:>8}  {row.booked:>5}  {rates}"
+            f"{paused:>8}  {row.refused:>4}  {row.booked:>5}  {rates}"
         )
     lines.append(footer(view, rows))
     return "\n".join(lines)

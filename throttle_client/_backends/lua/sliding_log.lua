@@ -705,6 +705,28 @@ end
 
 local server_now -- the server's TIME, read once per script call (a batch shares it)
 
+-- A key's pushback (KEYS[3] of a transport's pause, a hash P): the reason of the pause in
+-- force it set ("reason", with its end, "until"), and the refusals (429s) per step of
+-- 10 s ("s:" .. step), the last 6 kept. P lives while the pause does, 70 s at least.
+local PUSHBACK_STEP, PUSHBACK_STEPS = 10000000, 6
+
+local function push_back(p, set_until, reason, refused) -- set_until: the pause it set
+  if set_until and reason and reason ~= '' then
+    redis.call('HSET', p, 'reason', reason, 'until', format('%d', set_until))
+  end
+  if refused then
+    local step = math.floor(now / PUSHBACK_STEP)
+    redis.call('HINCRBY', p, format('s:%d', step), 1)
+    for _, field in ipairs(redis.call('HKEYS', p)) do
+      local old = string.match(field, '^s:(%d+)$')
+      if old and tonumber(old) <= step - PUSHBACK_STEPS then redis.call('HDEL', p, field) end
+    end
+  end
+  local till = tonumber(redis.call('HGET', p, 'until') or '0') or 0
+  local ttl = math.max(till - now, (PUSHBACK_STEPS + 1) * PUSHBACK_STEP)
+  redis.call('PEXPIRE', p, format('%d', math.ceil(ttl / 1000)))
+end
+
 -- One operation, from its keys and arguments (KEYS and ARGV of the script).
 local function run_one(keys, argv)
   repaired = nil
@@ -712,7 +734,8 @@ local function run_one(keys, argv)
   if op == 'reset' then
     local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
     if gone then gone.needed, opened[keys[2]] = nil, nil end
-    redis.call('DEL', unpack(keys)) -- the log, the meta, a capped key's lease keys, the card
+    -- the log, the meta, a capped key's lease keys, the card and the pushback
+    redis.call('DEL', unpack(keys))
     return '1'
   end
   if op == 'card' then
@@ -1024,10 +1047,12 @@ local function run_one(keys, argv)
   if op == 'pause' then
     local duration = whole(argv[4], 0)
     if not duration then return fail('bad pause duration') end
-    if now + duration > k.pause then -- a pause only ever moves forward
+    local moved = now + duration > k.pause
+    if moved then -- a pause only ever moves forward
       k.pause = now + duration
       save(k, math.max(k.pause, k.last) + q.horizon, false)
     end
+    if keys[3] then push_back(keys[3], moved and k.pause, argv[5], argv[6] == '1') end
     return reply({k.pause, now})
   end
 
