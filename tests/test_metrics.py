@@ -5,6 +5,7 @@ events, metrics and the transports' logs, and a transport's listeners."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from throttle_client import (
+    AsyncLimiter,
     Event,
     Limiter,
     MemoryBackend,
@@ -219,6 +221,41 @@ def test_opentelemetry_records_the_same_instruments() -> None:
         "source": "caller",
     }
     assert all(TOKEN not in str(p.attributes) for ps in found.values() for p in ps)
+    provider.shutdown()
+
+
+def test_leases_held_go_up_and_down_on_both_exporters(scraped) -> None:
+    """A capped key's leases this process holds: a gauge (an UpDownCounter in
+    OpenTelemetry), up when a lease is entered, down when it ends, sync and asyncio."""
+    registry, url = scraped
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    backend = MemoryBackend()
+    capped = Limiter(backend, rates="100/second", max_concurrent=3, namespace="caps")
+    prometheus.instrument(capped, registry=registry)
+    otel.instrument(capped, meter=provider.get_meter("test"))
+    held = {"namespace": "caps", "key": capped.label(TOKEN)}
+    gauge = "throttle_client_leases_held"
+
+    def otel_held() -> float:
+        return sum(p.value for p in points(reader).get(gauge, ()))
+
+    with capped.lease(TOKEN), capped.lease(TOKEN):
+        assert value(samples(url)[1], gauge, **held) == 2
+        assert otel_held() == 2
+        with capped.lease(TOKEN):
+            assert value(samples(url)[1], gauge, **held) == 3
+    assert value(samples(url)[1], gauge, **held) == 0
+    assert otel_held() == 0
+
+    async def in_a_task() -> float:
+        limiter = AsyncLimiter(backend, rates="100/second", max_concurrent=3, namespace="caps")
+        prometheus.instrument(limiter, registry=registry)
+        async with limiter.lease(TOKEN):
+            return value(samples(url)[1], gauge, **held)
+
+    assert asyncio.run(in_a_task()) == 1
+    assert value(samples(url)[1], gauge, **held) == 0
     provider.shutdown()
 
 

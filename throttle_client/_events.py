@@ -30,6 +30,8 @@ PAUSED = "paused"  # a key paused for every worker; ``until``, ``reason``, ``sou
 UPSTREAM_STATUS = "upstream_status"  # a throttled transport's response; ``status``, ``route``
 STORE_ERROR = "store_error"  # the store failed (after retries); ``reason``: the error's class
 FALLBACK = "fallback"  # on_unavailable answered instead of the store; ``reason``: the policy
+LEASED = "leased"  # a capped call of this process holds a lease on the key; ``cost``
+RELEASED = "released"  # and no longer does (released, or left to expire); ``cost``
 KINDS = (
     ADMITTED,
     REFUSED,
@@ -39,6 +41,8 @@ KINDS = (
     UPSTREAM_STATUS,
     STORE_ERROR,
     FALLBACK,
+    LEASED,
+    RELEASED,
 )
 
 LABEL_LENGTH = 8  # characters of the key's hash: 48 bits, unique among millions of keys
@@ -52,7 +56,8 @@ class Event:
     (never the key); ``time`` the wall clock, epoch seconds. The other fields belong to
     some kinds and keep their defaults for the rest:
 
-    - ``cost``: the units asked (admitted, refused, timed_out, late_wakeup);
+    - ``cost``: the units asked (admitted, refused, timed_out, late_wakeup, leased,
+      released);
     - ``waited``: seconds slept for the slot (admitted);
     - ``retry_after``: seconds until a slot could be had (refused, timed_out);
     - ``late_by``: seconds past the slot, on the store's clock (late_wakeup);

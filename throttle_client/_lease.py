@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ._backends import leases
 from ._backends.base import Charge
 from ._errors import BackendError, BackendUnavailable
+from ._events import LEASED, RELEASED
 from ._flow import arun, run
 from ._results import Decision
 
@@ -63,6 +64,7 @@ class _Held:
         self.lease_id = ""  # "": the call has no cap, so nothing is held
         self.decision: Decision | None = None
         self.ended = False
+        self.holding = False  # granted, and not yet released: the listeners were told
         self.lost_warned = False
         self.pid = os.getpid()  # a forked child must not end its parent's lease
 
@@ -85,6 +87,25 @@ class _Held:
             lease_id=self.lease_id,
             before_request=self.before_request,
         )
+
+    def granted(self) -> None:
+        """Entered: the listeners of each capped key hear that this process holds a
+        lease on it (``leased``), and later that it no longer does (``released``)."""
+        if self.lease_id:
+            self.holding = True
+            self._tell(LEASED)
+
+    def let_go(self) -> None:
+        if self.holding:
+            self.holding = False
+            self._tell(RELEASED)
+
+    def _tell(self, kind: str) -> None:
+        owners = [self.limiter, *(entry[0] for entry in self.also)]
+        for index in leases.capped(self.charges):
+            owner, charge = owners[index], self.charges[index]
+            if owner._listeners:
+                owner._emit(kind, charge.key, cost=charge.cost)
 
     def done_waiting(self) -> None:
         if self.lease_id:
@@ -147,6 +168,7 @@ def _never_ended(held: _Held) -> None:
             ResourceWarning,
             stacklevel=1,
         )
+        held.let_go()  # (no longer held by anyone here: it expires on its own)
 
 
 class Lease:
@@ -172,6 +194,7 @@ class Lease:
         finally:
             held.done_waiting()
         if held.lease_id:
+            held.granted()
             _KEEPER.add(self)
             weakref.finalize(self, _never_ended, held)
         return held.decision
@@ -191,6 +214,7 @@ class Lease:
                 run(held.release_flow(), limiter._perform)
             except Exception as exc:
                 _ending_failed(held, "release", exc)
+            held.let_go()
 
     def _renew(self) -> None:
         held = self._held
@@ -226,6 +250,7 @@ class AsyncLease:
         finally:
             held.done_waiting()
         if held.lease_id:
+            held.granted()
             self._renewal = asyncio.get_running_loop().create_task(
                 _renew_every(weakref.ref(self), held.every)
             )
@@ -256,6 +281,7 @@ class AsyncLease:
                 await arun(held.release_flow(), limiter._perform)
             except Exception as exc:
                 _ending_failed(held, "release", exc)
+            held.let_go()
 
     async def _renew(self) -> None:
         held = self._held

@@ -21,8 +21,10 @@ from ._events import (
     ADMITTED,
     FALLBACK,
     LATE_WAKEUP,
+    LEASED,
     PAUSED,
     REFUSED,
+    RELEASED,
     STORE_ERROR,
     TIMED_OUT,
     UPSTREAM_STATUS,
@@ -30,6 +32,7 @@ from ._events import (
     Listener,
 )
 
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 OTHER = "other"  # the label of the keys (routes) past the first top_keys (top_routes)
 TOP_KEYS = 100
 TOP_ROUTES = 100
@@ -37,10 +40,11 @@ TOP_ROUTES = 100
 
 @dataclass(frozen=True)
 class Instrument:
-    """One metric: a counter (``add``) or a histogram (``observe``) of ``labels``."""
+    """One metric of ``labels``: a counter, a gauge (both ``add``: a gauge by +1 and
+    -1) or a histogram (``observe``)."""
 
     name: str  # Prometheus appends _total to a counter's
-    counter: bool
+    kind: str  # COUNTER, GAUGE or HISTOGRAM
     unit: str
     help: str
     labels: tuple[str, ...]
@@ -48,54 +52,70 @@ class Instrument:
 
 DECISIONS = Instrument(
     "throttle_client_decisions",
-    True,
+    COUNTER,
     "1",
     "Decisions by outcome: admitted, refused (try_acquire), timed_out (acquire)",
     ("namespace", "key", "outcome"),
 )
 WAIT = Instrument(
     "throttle_client_wait_seconds",
-    False,
+    HISTOGRAM,
     "s",
     "Seconds an admitted call slept for its slot",
     ("namespace", "key"),
 )
 LATE_WAKEUPS = Instrument(
     "throttle_client_late_wakeups",
-    True,
+    COUNTER,
     "1",
     "Calls that woke (or were answered) past their slot by more than the margin, and booked again",
     ("namespace", "key"),
 )
 PAUSES = Instrument(
     "throttle_client_pauses",
-    True,
+    COUNTER,
     "1",
     "Pauses of a key, by reason (the header, or backoff) and source (caller or upstream)",
     ("namespace", "key", "reason", "source"),
 )
 UPSTREAM = Instrument(
     "throttle_client_upstream_responses",
-    True,
+    COUNTER,
     "1",
     "Responses a throttled transport received, by route and HTTP status",
     ("namespace", "key", "route", "status"),
 )
 STORE_ERRORS = Instrument(
     "throttle_client_store_errors",
-    True,
+    COUNTER,
     "1",
     "Calls the store failed (after retries), by the error's class",
     ("namespace", "reason"),
 )
 FALLBACKS = Instrument(
     "throttle_client_fallbacks",
-    True,
+    COUNTER,
     "1",
     "Answers on_unavailable gave instead of the store, by policy",
     ("namespace", "reason"),
 )
-INSTRUMENTS = (DECISIONS, WAIT, LATE_WAKEUPS, PAUSES, UPSTREAM, STORE_ERRORS, FALLBACKS)
+LEASES = Instrument(
+    "throttle_client_leases_held",
+    GAUGE,
+    "1",
+    "Leases this process holds on a capped key (calls in flight under max_concurrent)",
+    ("namespace", "key"),
+)
+INSTRUMENTS = (
+    DECISIONS,
+    WAIT,
+    LATE_WAKEUPS,
+    PAUSES,
+    UPSTREAM,
+    STORE_ERRORS,
+    FALLBACKS,
+    LEASES,
+)
 
 # Seconds: a wait of a gap (ms) up to a calendar rate's next window (an hour or more).
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
@@ -142,6 +162,8 @@ def readings(
         yield STORE_ERRORS, (namespace, event.reason), 1
     elif kind == FALLBACK:
         yield FALLBACKS, (namespace, event.reason), 1
+    elif kind in (LEASED, RELEASED):
+        yield LEASES, (namespace, keys(event.key)), 1 if kind == LEASED else -1
 
 
 Record = Callable[[Instrument, tuple[str, ...], float], None]

@@ -25,7 +25,18 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "throttle_client.otel needs opentelemetry-api: pip install 'throttle-client[otel]'"
     ) from exc
 
-from ._metrics import INSTRUMENTS, TOP_KEYS, TOP_ROUTES, WAIT_BUCKETS, Instrument, Record, Sinks
+from ._metrics import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    INSTRUMENTS,
+    TOP_KEYS,
+    TOP_ROUTES,
+    WAIT_BUCKETS,
+    Instrument,
+    Record,
+    Sinks,
+)
 
 __all__ = ["instrument"]
 
@@ -34,8 +45,12 @@ def _recorder(meter: otel_metrics.Meter) -> Record:
     """The instruments, made with ``meter``, and what records into them."""
     made: dict[str, Any] = {}
     for instrument in INSTRUMENTS:
-        if instrument.counter:
+        if instrument.kind == COUNTER:
             made[instrument.name] = meter.create_counter(
+                instrument.name, unit=instrument.unit, description=instrument.help
+            )
+        elif instrument.kind == GAUGE:  # (one that goes up and down: an UpDownCounter)
+            made[instrument.name] = meter.create_up_down_counter(
                 instrument.name, unit=instrument.unit, description=instrument.help
             )
         else:
@@ -48,10 +63,10 @@ def _recorder(meter: otel_metrics.Meter) -> Record:
 
     def record(instrument: Instrument, labels: tuple[str, ...], value: float) -> None:
         attributes = dict(zip(instrument.labels, labels, strict=True))
-        if instrument.counter:
-            made[instrument.name].add(value, attributes)
-        else:
+        if instrument.kind == HISTOGRAM:
             made[instrument.name].record(value, attributes)
+        else:
+            made[instrument.name].add(value, attributes)
 
     return record
 

@@ -22,14 +22,25 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError(
         "throttle_client.prometheus needs prometheus_client: "
         "pip install 'throttle-client[prometheus]'"
     ) from exc
 
-from ._metrics import INSTRUMENTS, TOP_KEYS, TOP_ROUTES, WAIT_BUCKETS, Instrument, Record, Sinks
+from ._metrics import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    INSTRUMENTS,
+    TOP_KEYS,
+    TOP_ROUTES,
+    WAIT_BUCKETS,
+    Instrument,
+    Record,
+    Sinks,
+)
 
 __all__ = ["instrument"]
 
@@ -47,17 +58,19 @@ def _recorder(registry: CollectorRegistry) -> Record:
 
     def record(instrument: Instrument, labels: tuple[str, ...], value: float) -> None:
         child = made[instrument.name].labels(*labels)
-        if instrument.counter:
-            child.inc(value)
-        else:
+        if instrument.kind == HISTOGRAM:
             child.observe(value)
+        else:
+            child.inc(value)
 
     return record
 
 
 def _make(instrument: Instrument, registry: CollectorRegistry) -> Any:
-    if instrument.counter:
+    if instrument.kind == COUNTER:
         return Counter(instrument.name, instrument.help, instrument.labels, registry=registry)
+    if instrument.kind == GAUGE:
+        return Gauge(instrument.name, instrument.help, instrument.labels, registry=registry)
     return Histogram(
         instrument.name, instrument.help, instrument.labels, registry=registry, buckets=WAIT_BUCKETS
     )
