@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +18,14 @@ from throttle_client import (
     Backend,
     Limiter,
     MemoryBackend,
+    Rate,
     RedisBackend,
     SQLiteBackend,
     ThrottledTransport,
 )
 from throttle_client._backends.base import Pushback
 from throttle_client._flow import run
+from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_pushback_test_token_9d0e"
 
@@ -81,6 +84,56 @@ def test_refusals_count_for_a_minute_and_the_reason_while_its_pause_holds(store:
     }
     limiter.reset("other")
     assert store.pushback([other]) == {}
+
+
+def test_refusals_leave_the_count_after_a_minute_and_the_reason_with_its_pause() -> None:
+    clock = FakeClock()
+    store = MemoryBackend()
+    limiter = Limiter(store, rates="10/second", namespace="api", clock=clock)
+    key = limiter.store_key(TOKEN)
+    upstream_pause(limiter, TOKEN, 30, "Retry-After", refused=True)
+    clock.advance(25)
+    upstream_pause(limiter, TOKEN, 1, "backoff", refused=True)
+    assert store.pushback([key]) == {key: Pushback("Retry-After", 2)}
+    clock.advance(10)  # the pause ended; both refusals are within the minute
+    limiter.try_acquire("another")  # (the memory store reads at the time it last ran)
+    assert store.pushback([key]) == {key: Pushback(None, 2)}
+    clock.advance(30)  # 65 s after the first, 40 after the second
+    limiter.try_acquire("another")
+    assert store.pushback([key]) == {key: Pushback(None, 1)}
+    clock.advance(30)
+    limiter.try_acquire("another")
+    assert store.pushback([key]) == {}
+
+
+def test_damaged_pushback_counts_nothing_and_fails_nothing(tmp_path: Path, redis_url: str) -> None:
+    limiter = Limiter(RedisBackend(redis_url), rates="10/second", namespace="api")
+    key = limiter.store_key(TOKEN)
+    client = redis.Redis.from_url(redis_url)
+    client.hset(f"tc:{key}:pushback", mapping={"s:abc": "1", "until": "12.5", "s:1": "x"})
+    assert limiter.backend.pushback([key]) == {}  # type: ignore[attr-defined]
+    client.close()
+    sqlite = SQLiteBackend(tmp_path / "limits.db")
+    on_sqlite = Limiter(sqlite, rates="10/second", namespace="api")
+    upstream_pause(on_sqlite, TOKEN, 1, "backoff", refused=True)
+    sqlite._connection().db.execute("UPDATE tc_pushback SET steps = 'not json'")
+    upstream_pause(on_sqlite, TOKEN, 1, "backoff", refused=True)  # no error: counts anew
+    assert sqlite.pushback([key]) == {key: Pushback("backoff", 1)}
+    sqlite.close()
+
+
+def test_sqlite_keeps_the_refusals_when_the_key_expires(tmp_path: Path) -> None:
+    store = SQLiteBackend(tmp_path / "limits.db")
+    limiter = Limiter(store, rates=[Rate(10, 0.05)], namespace="api", margin=0)
+    key = limiter.store_key(TOKEN)
+    upstream_pause(limiter, TOKEN, 0.05, "backoff", refused=True)
+    time.sleep(0.3)  # the key (a 50 ms window) expired; its 429 is still in the minute
+    for _ in range(1100):  # enough operations for a sweep (every 1024)
+        limiter.try_acquire("another")
+    assert limiter.try_acquire(TOKEN).allowed
+    upstream_pause(limiter, TOKEN, 1, "backoff", refused=True)
+    assert store.pushback([key]) == {key: Pushback("backoff", 2)}
+    store.close()
 
 
 def test_a_redis_pushback_lives_with_its_pause_or_a_minute(redis_url: str) -> None:

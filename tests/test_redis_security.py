@@ -4,6 +4,7 @@ user holding exactly the permissions the README documents."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from tests.conftest import started
 from tests.handoff import handoff_seconds
 from tests.tls import make_certs, tls_redis_server
 from throttle_client import BackendError, BackendUnavailable, Limiter, RedisBackend
+from throttle_client._flow import run
 from throttle_client._redis_server import free_port
 from throttle_client.testing import RedisServer
 
@@ -86,6 +88,17 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         limiter.reset("token")
         admin.script_flush()  # the limiter must be allowed to load its script again
         assert limiter.try_acquire("token").allowed
+        # A card with the decision, and a transport's pushback with its pause.
+        labelled = Limiter(
+            RedisBackend(url), rates="5/second", namespace="acl", label=lambda key: "acct 1"
+        )
+        assert labelled.try_acquire("token").allowed
+        told = {"reason": "Retry-After", "source": "upstream", "refused": True}
+        run(labelled._pause_flow("token", 30, labelled._local(), **told), labelled._perform)
+        prefix = f"tc:{labelled.store_key('token')}:"
+        assert json.loads(admin.get(prefix + "card"))["label"] == "acct 1"
+        assert admin.hget(prefix + "pushback", "reason") == b"Retry-After"
+        labelled.backend.close()
         # A capped limiter: its waiter is woken by a grant published to its process.
         capped = Limiter(RedisBackend(url), rates=["100/second"], max_concurrent=1, margin=0)
         assert handoff_seconds(capped) < 1.5  # woken, not looking again 10 s later

@@ -93,10 +93,14 @@ def test_top_json_on_redis_and_a_cluster(where: str, request: pytest.FixtureRequ
         junk = f"tc:{limiters['crawl'].store_key('junk')}:card"
         client = limiters["crawl"].backend.client  # type: ignore[attr-defined]
         client.set(junk, b"\xff not json", px=60_000)
+        # JSON, but rules no limiter can keep (a cap of "3"): counted too, never an error.
+        odd = {"label": "x", "namespace": "crawl", "rates": ["5/60s"], "max_concurrent": "3"}
+        odd_key = f"tc:{limiters['crawl'].store_key('odd')}:card"
+        client.set(odd_key, json.dumps(odd), px=60_000)
         result = cli("top", "--redis", url, "--json", *(["--cluster"] if cluster else []))
     assert result.returncode == 0, result.stderr
     look = json.loads(result.stdout)
-    assert len(look["keys"]) == 5 and look["read"] == 6 and look["unreadable"] == 1
+    assert len(look["keys"]) == 5 and look["read"] == 7 and look["unreadable"] == 2
     assert look["keys"][0]["label"].endswith("-PAUSED")
     assert look["keys"][1]["fullness"] == 1.0
 

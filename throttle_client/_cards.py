@@ -25,21 +25,31 @@ from ._errors import ConfigurationError
 from ._rate import Rate
 
 MAX_LABEL = 64  # characters
-REMEMBERED = 4096  # keys whose label and card this process keeps in mind, the newest
+# Keys whose label and card's next send a limiter keeps in mind, the newest: one past
+# them has its label asked and its card sent again (a process with more keys in use
+# sends their cards more often). About 6 MB at most.
+REMEMBERED = 1 << 15
 
 
-def checked_label(value: object, key: str) -> str:
+def checked_label(value: object, key: str) -> str | None:
     """What ``label(key)`` returned, checked: a short printable string that does not
-    hold the key (a label is stored and shown; a key may be a secret)."""
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_LABEL:
+    hold the key (a label is stored and shown; a key may be a secret), or None for no
+    label of the user's (the key then shows as its hash's). An error never shows the
+    value, which may hold the key: only its type or length."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise ConfigurationError(
-            f"label= must return a string of 1 to {MAX_LABEL} characters, not {value!r}"
+            f"label= must return a string (or None), not a {type(value).__name__}"
+        )
+    if len(key) >= 4 and key in value:
+        raise ConfigurationError("label= returned a label that holds the key itself")
+    if not 1 <= len(value) <= MAX_LABEL:
+        raise ConfigurationError(
+            f"label= must return 1 to {MAX_LABEL} characters, not {len(value)}"
         )
     if not value.isprintable():
-        raise ConfigurationError(f"a label must be printable, with no line breaks: {value!r}")
-    if len(key) >= 4 and key in value:
-        # (Not shown: the value holds the key, which may be an access token.)
-        raise ConfigurationError("label= returned a label that holds the key itself")
+        raise ConfigurationError("label= returned a label with unprintable characters")
     return value
 
 
@@ -89,27 +99,48 @@ class Card:
 
     @classmethod
     def parse(cls, text: str | bytes) -> Card | None:
-        """The card ``text`` holds, or None if it does not hold one (another version's,
-        or damaged): a reader shows what it can."""
+        """The card ``text`` holds, or None if it holds none this version can read
+        (another version's, or damaged): a reader shows what it can."""
         try:
             fields = json.loads(text)
             card = cls(
                 label=fields["label"],
                 namespace=fields["namespace"],
                 rates=tuple(fields["rates"]),
-                min_interval=float(fields.get("min_interval", 0.0)),
-                margin=float(fields.get("margin", 0.0)),
+                min_interval=fields.get("min_interval", 0.0),
+                margin=fields.get("margin", 0.0),
                 max_concurrent=fields.get("max_concurrent"),
             )
-            for rate in card.rates:
-                Rate.parse(rate)
-        except (ValueError, TypeError, KeyError, AttributeError, ConfigurationError):
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
-        if (card.label is not None and not isinstance(card.label, str)) or not isinstance(
-            card.namespace, str
+        return card if card._sound() else None
+
+    def _sound(self) -> bool:
+        """Whether a limiter can be made from the card, and its label shown as it is."""
+        label, cap = self.label, self.max_concurrent
+        if label is not None and not (
+            isinstance(label, str) and 1 <= len(label) <= MAX_LABEL and label.isprintable()
         ):
-            return None
-        return card
+            return False
+        if not isinstance(self.namespace, str) or not self.namespace.isprintable():
+            return False
+        if not self.rates or not all(isinstance(r, str) for r in self.rates):
+            return False
+        seconds = (self.min_interval, self.margin)
+        if not all(_number(x) and 0 <= x < 1e9 for x in seconds):
+            return False
+        if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
+            return False
+        try:
+            for rate in self.rates:
+                Rate.parse(rate)
+        except ConfigurationError:
+            return False
+        return True
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
 
 
 class Cards:
@@ -123,7 +154,8 @@ class Cards:
         self._label = label
         self._card = card  # (its label: each key's own)
         self._every = every  # seconds between sends of one key's card
-        self._labels: OrderedDict[str, str] = OrderedDict()  # store key -> user label
+        # Store key -> the user's label, "" for none (asked once).
+        self._labels: OrderedDict[str, str] = OrderedDict()
         self._due: OrderedDict[str, float] = OrderedDict()  # store key -> next send
         self._lock = threading.Lock()
 
@@ -133,10 +165,10 @@ class Cards:
             return None
         known = self._labels.get(store_key)
         if known is not None or key is None:
-            return known
+            return known or None
         value = checked_label(self._label(key), key)
         with self._lock:
-            self._labels[store_key] = value
+            self._labels[store_key] = value or ""
             if len(self._labels) > REMEMBERED:
                 self._labels.popitem(last=False)
         return value

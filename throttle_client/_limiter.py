@@ -258,7 +258,11 @@ class _LimiterCore:
         horizon = max(gap, *(rate.period for rate in self.rates)) + slack
         card = Card(None, self.namespace, tuple(rate_text(r) for r in self.rates), gap, slack, cap)
         self._cards = Cards(label, card, every=horizon / 2)
-        self._card_ttl_us = round(horizon * US)
+        # Acquires renew the key's TTL (the horizon past its newest slot, and a tenth
+        # more in Redis) and send its card every half horizon: a card that lasts 1.6
+        # horizons outlives the key, by less than that. A pause or a learned limit that
+        # holds the key longer sends its card along, which then lasts as long as it.
+        self._card_ttl_us = round(1.6 * horizon * US)
 
     # -- validation -----------------------------------------------------------------
 
@@ -281,8 +285,15 @@ class _LimiterCore:
 
     def _cards_due(self, store_key: str, now: float) -> tuple[StoreCard, ...]:
         """The key's card, if a decision made now is to write it."""
-        if not self._cards.due(store_key, now):
-            return ()
+        return self._card_of(store_key) if self._cards.due(store_key, now) else ()
+
+    def _missed(self, op: Acquire | AcquireAll, also: Also) -> None:
+        """The cards of a decision the store did not answer go with the next one."""
+        for limiter in (self, *(entry[0] for entry in also)):
+            for card in op.cards:
+                limiter._cards.missed(card.key)
+
+    def _card_of(self, store_key: str) -> tuple[StoreCard, ...]:
         return (StoreCard(store_key, self._cards.text(store_key), self._card_ttl_us),)
 
     def listen(self, listener: Listener) -> Callable[[], None]:
@@ -524,11 +535,13 @@ class _LimiterCore:
         margin = min([self.margin, *(other.margin for other, *_ in also)])
         slept, late_wakeups, sent = 0.0, 0, started
         while True:
-            verdict, from_store, now = yield from self._ask_flow(op, sent, also)
-            if op.cards and not from_store:  # (not written: the next decision writes them)
-                for limiter in (self, *(entry[0] for entry in also)):
-                    for card in op.cards:
-                        limiter._cards.missed(card.key)
+            try:
+                verdict, from_store, now = yield from self._ask_flow(op, sent, also)
+            except BaseException:
+                self._missed(op, also)
+                raise
+            if not from_store:
+                self._missed(op, also)
             # on_unavailable's answers are made here, at the end of the call: none came late.
             clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
             if verdict.waiting and isinstance(op, AcquireAll):
@@ -878,6 +891,7 @@ class _LimiterCore:
             now_us=self._at(now),
             from_cum=decision._mark,
             born=decision._born,
+            cards=self._card_of(store_key),  # (a learned limit may outlast the card)
         )
         log.debug(
             "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "
@@ -1015,11 +1029,13 @@ class _LimiterCore:
 
     def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:
         duration = bounded_seconds(seconds, "pause seconds")
+        store_key = self.store_key(key)
         return Pause(
-            key=self.store_key(key),
+            key=store_key,
             quota=self._quota_at(now),
             duration_us=round(duration * US),
             now_us=self._at(now),
+            cards=self._card_of(store_key),  # (a pause may outlast the card)
         )
 
     def _reset_op(self, key: str, now: float) -> Reset:

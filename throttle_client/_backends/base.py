@@ -322,6 +322,7 @@ class Pause(Op[int]):
     now_us: int | None = None
     reason: str = ""
     refused: bool = False
+    cards: tuple[StoreCard, ...] = ()  # as Acquire's: a pause outlasts the card's TTL
 
 
 # The refusals a key's pushback counts: in steps of 10 s, the last 6 (a minute).
@@ -376,6 +377,7 @@ class Learn(Op[None]):
     now_us: int | None = None
     from_cum: int = -1
     born: int = -1  # Verdict.born of the mark: a mark of another life of the key counts all
+    cards: tuple[StoreCard, ...] = ()  # as Pause's
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,12 @@ def pushback_key(key: str) -> bytes:
 CARDS_STEP = 500  # keys a read of every card (SCAN's COUNT) asks for at once
 
 
+def _whole(*texts: str) -> bool:
+    """Whether each text is a whole number as the script writes one (a damaged field,
+    or another version's, is left out)."""
+    return all(text.isdigit() for text in texts)
+
+
 def _text(value: bytes | str) -> str:
     # (A damaged card reads as text its parser refuses: the reader counts it, and goes on.)
     return value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -352,7 +358,8 @@ def encode_batch(
     items = []
     for op, queued_us in zip(ops, waits, strict=True):
         items.append(encode(op, queued_us))
-        items += [_card_item(card) for card in getattr(op, "cards", ())]
+        now = b"-" if op.now_us is None else b"%d" % op.now_us
+        items += [_card_item(card, now) for card in getattr(op, "cards", ())]
     if len(items) == 1:
         return items[0]
     places: dict[bytes, int] = {}
@@ -367,10 +374,11 @@ def encode_batch(
     return tuple(places), tuple(args)
 
 
-def _card_item(card: StoreCard) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
-    """A key's card, written beside its log and meta (the script's "card")."""
+def _card_item(card: StoreCard, now: bytes) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+    """A key's card, written beside its log and meta (the script's "card"), at the time
+    of the operation it rides with."""
     ttl_ms = b"%d" % max(1, -(-card.ttl_us // 1000))
-    return (redis_keys(card.key)[1], card_key(card.key)), (b"card", b"-", b"-", card.text, ttl_ms)
+    return (redis_keys(card.key)[1], card_key(card.key)), (b"card", b"-", now, card.text, ttl_ms)
 
 
 def _bin(data: bytes) -> bytes:
@@ -641,8 +649,8 @@ class RedisBackend(Backend):
         now, told = int(time.time() * 1_000_000), {}
         for key, fields in zip(keys, found, strict=True):
             record = {_text(name): _text(value) for name, value in fields.items()}
-            steps = {int(n[2:]): int(v) for n, v in record.items() if n[:2] == "s:"}
-            until = int(record.get("until", 0))
+            steps = {int(n[2:]): int(v) for n, v in record.items() if _whole(n[2:], v)}
+            until = int(record["until"]) if _whole(record.get("until", "")) else 0
             said = pushback_at(record.get("reason", ""), until, steps, now)
             if said is not None:
                 told[key] = said

@@ -53,6 +53,7 @@ from .base import (
     Quota,
     Release,
     Renew,
+    Reset,
     ThreadedAsync,
     host_clock,
     pushback_at,
@@ -115,6 +116,7 @@ CREATE TABLE IF NOT EXISTS tc_cards (
     card TEXT NOT NULL,
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_cards_expiry ON tc_cards (expires_at);
 CREATE TABLE IF NOT EXISTS tc_pushback (
     key TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
@@ -122,6 +124,7 @@ CREATE TABLE IF NOT EXISTS tc_pushback (
     steps TEXT NOT NULL,
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_pushback_expiry ON tc_pushback (expires_at);
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -154,15 +157,9 @@ _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 CARDS_STEP = 500  # cards read at once by all_cards
 _FORGET_CARD = "DELETE FROM tc_cards WHERE key = ?"
 _FORGET_PUSHBACK = "DELETE FROM tc_pushback WHERE key = ?"
-# A key forgotten (reset, or expired) takes its card and pushback along.
-_FORGET_KEY = (
-    _FORGET_ENTRIES,
-    _FORGET_META,
-    _FORGET_LEARNED,
-    _FORGET_COARSE,
-    _FORGET_CARD,
-    _FORGET_PUSHBACK,
-)
+# A key forgotten (reset, or expired) takes its card along. Its pushback (the upstream's
+# refusals of the last minute) outlives an expired key on its own TTL; a reset drops it.
+_FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE, _FORGET_CARD)
 # A key's pushback (base.Pushback): steps, JSON of [[step, refusals], ...].
 _PUSHBACK_OF = "SELECT key, reason, until, steps FROM tc_pushback WHERE key = ?"
 _PUSH_BACK = (
@@ -802,6 +799,8 @@ class SQLiteBackend(Backend):
                     db.execute(_CARD, (card.key, card.text, max(lives, now + card.ttl_us)))
                 if isinstance(op, Pause) and (op.reason or op.refused):
                     _push_back(db, op, cast(int, result), now)
+                if isinstance(op, Reset):
+                    db.execute(_FORGET_PUSHBACK, (op.key,))
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)
@@ -963,7 +962,12 @@ def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) ->
 
 
 def _steps(text: str) -> dict[int, int]:
-    return {int(step): int(n) for step, n in json.loads(text)}
+    """The refusals per step as stored; a damaged record counts none (never an error in
+    the pause that reads it)."""
+    try:
+        return {int(step): int(n) for step, n in json.loads(text)}
+    except (ValueError, TypeError):
+        return {}
 
 
 # Errors that pass without anyone changing anything, so the limiter's on_unavailable applies:

@@ -83,6 +83,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    """A whole number >= 1, of any size."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1 is needed, not {text!r}")
+    return value
+
+
 def _seconds(low: float, *, inclusive: bool) -> Any:
     def parse(text: str) -> float:
         try:
@@ -228,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     top.add_argument(
         "--scan-limit",
-        type=_count,
+        type=_positive,
         default=_top.SCAN_LIMIT,
         metavar="N",
         help="the most keys read per look (default %(default)s)",
@@ -345,16 +356,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         usages = []
         for number, (key, hashed_key) in enumerate(zip(keys, hashed, strict=True), 1):
             card = cards.get(hashed_key)
+            rules: tuple[list[Any], float, float, int | None]
             if args.rate is not None:
-                rules = (args.rate, args.min_interval, args.margin)
+                rules = (args.rate, args.min_interval, args.margin, None)
             elif card is not None:
-                rules = (list(card.rates), card.min_interval, card.margin)
+                rules = (list(card.rates), card.min_interval, card.margin, card.max_concurrent)
             else:
                 raise _UsageError(
-                    f"key {number} has no card in the store (no limiter of this version "
-                    "used it within its longest window): pass its rates with --rate"
+                    f"key {number} has no card in the store that this version can read (no "
+                    "limiter of this version used it within its longest window, or the "
+                    "card is damaged): pass its rates with --rate"
                 )
-            rates, gap, margin = rules
+            rates, gap, margin, cap = rules
             limiter = Limiter(
                 backend,
                 rates=rates,
@@ -362,6 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 margin=margin,
                 namespace=args.namespace,
                 tag=tag,
+                max_concurrent=cap,
             )
             usages.append(limiter.usage(key))
     report: list[dict[str, Any]] = []

@@ -100,7 +100,9 @@ def top_view(view: top.Look, rows: int) -> Group:
             row.label,
             row.namespace,
             Text(f"{row.fullness:.0%}", style=style),
-            f"{row.paused_for:.1f} s ({row.reason or 'caller'})" if row.paused_for else "-",
+            f"{row.paused_for:.1f} s" + (f" ({row.reason})" if row.reason else "")
+            if row.paused_for
+            else "-",
             Text(str(row.refused), style="bold red" if row.refused else ""),
             str(row.booked),
             "  ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates),

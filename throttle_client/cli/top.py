@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from throttle_client import Backend, Card, Limiter, key_label
+from throttle_client import Backend, Card, ConfigurationError, Limiter, key_label
 
 SCAN_LIMIT = 10_000  # keys read per look, by default
 
@@ -78,14 +78,18 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
         rules = dataclasses.replace(card, label=None)
         limiter = limiters.get(rules)
         if limiter is None:
-            limiter = limiters[rules] = Limiter(
-                backend,
-                rates=list(card.rates),
-                min_interval=card.min_interval,
-                margin=card.margin,
-                namespace=card.namespace,
-                max_concurrent=card.max_concurrent,
-            )
+            try:
+                limiter = limiters[rules] = Limiter(
+                    backend,
+                    rates=list(card.rates),
+                    min_interval=card.min_interval,
+                    margin=card.margin,
+                    namespace=card.namespace,
+                    max_concurrent=card.max_concurrent,
+                )
+            except ConfigurationError:  # rules this version cannot keep: as unreadable
+                unreadable += 1
+                continue
         rows.append(_row(store_key, card, limiter))
     told = backend.pushback([row.store_key for row in rows])
     for number, row in enumerate(rows):

@@ -28,7 +28,8 @@
 -- ARGV[1] the operation: acquire | inspect | pause | learn | reset | acquire_all | lease |
 --         release | renew (the last three: concurrency caps, see "Concurrency caps" below),
 --         card (a key's card, beside it: see run_one), or batch: several of them in one
---         call (see run_batch at the end)
+--         call (see run_batch at the end). A transport's pause also gets KEYS[3], the
+--         key's pushback, and ARGV[5] its reason, ARGV[6] "1" for a 429 (see push_back).
 -- ARGV[2] the quota, msgpack of [gap, limit, period, limit, period, ...] (µs), which a
 --         limiter encodes once: cmsgpack decodes it in C, far cheaper than parsing text.
 --         A period is a number (sliding), [period, width] (a bounded sliding rate, in
@@ -738,16 +739,6 @@ local function run_one(keys, argv)
     redis.call('DEL', unpack(keys))
     return '1'
   end
-  if op == 'card' then
-    -- A key's card (JSON for operators: its label and rules), beside its M (keys: M,
-    -- C; argv: card, -, -, the card, a TTL in ms): it gets M's TTL, or that one if longer.
-    local ttl = whole(argv[5], 1)
-    if #keys ~= 2 or type(argv[4]) ~= 'string' or not ttl then return fail('bad card') end
-    local left = redis.call('PTTL', keys[1])
-    if left > ttl then ttl = left end
-    redis.call('SET', keys[2], argv[4], 'PX', ttl)
-    return '1'
-  end
   if argv[3] == '-' then
     if not server_now then
       local t = redis.call('TIME')
@@ -757,6 +748,24 @@ local function run_one(keys, argv)
   else
     now = whole(argv[3], 0)
     if not now then return fail('bad time ' .. tostring(argv[3])) end
+  end
+
+  if op == 'card' then
+    -- A key's card (JSON for operators: its label and rules), beside its M (keys: M, C;
+    -- argv: card, -, now, the card, a TTL in ms), after the operation it rides with: it
+    -- lasts as long as M will when this call ends (see flush), or that TTL if longer.
+    local ttl = whole(argv[5], 1)
+    if #keys ~= 2 or type(argv[4]) ~= 'string' or not ttl then return fail('bad card') end
+    local k = opened[keys[1]]
+    if k then
+      local ends = k.expires
+      if k.needed and (k.renew or k.needed > k.expires) then ends = k.needed + k.q.slack end
+      ttl = math.max(ttl, math.ceil((ends - now) / 1000))
+    else
+      ttl = math.max(ttl, redis.call('PTTL', keys[1]))
+    end
+    redis.call('SET', keys[2], argv[4], 'PX', format('%d', ttl))
+    return '1'
   end
 
   if op == 'release' or op == 'renew' then
@@ -1052,7 +1061,9 @@ local function run_one(keys, argv)
       k.pause = now + duration
       save(k, math.max(k.pause, k.last) + q.horizon, false)
     end
-    if keys[3] then push_back(keys[3], moved and k.pause, argv[5], argv[6] == '1') end
+    if keys[3] then -- (best effort: what the store keeps for operators never fails a pause)
+      pcall(push_back, keys[3], moved and k.pause, argv[5], argv[6] == '1')
+    end
     return reply({k.pause, now})
   end
 
