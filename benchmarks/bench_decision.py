@@ -6,6 +6,8 @@ CPU frequency, the log growing) hits every candidate alike:
 
   floor          a bare EVALSHA of ``return 1`` with one key: one round trip, nothing more
   tc try_acquire throttle_client ``Limiter.try_acquire``, admitted (10**9/hour)
+  tc no history  the same with ``history=False``: what counting each call per hour, day
+                 and month (the default, issue 12) costs is the difference
   tc 2 rates+gap ``try_acquire`` held to 10**9/hour and 10**9/second and a 1 µs gap:
                  issue 13's decision (the second's window reaches past the oldest entry,
                  so one lookup per call)
@@ -56,6 +58,7 @@ import redis
 CANDIDATES: list[tuple[str, bool]] = [
     ("floor", True),
     ("tc try_acquire", True),
+    ("tc no history", True),
     ("tc 2 rates+gap", True),
     ("tc refused", False),
     ("tc acquire", True),
@@ -92,6 +95,9 @@ def build(name: str, url: str) -> Callable[[], object]:
             spent.try_acquire("token-refused")  # use the one call; every later one is refused
             return lambda: spent.try_acquire("token-refused").allowed
         limiter = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench")
+        if name == "tc no history":
+            plain = Limiter(backend, rates=[Rate(HIGH, 3600)], namespace="bench-nh", history=False)
+            return lambda: plain.try_acquire("token-no-history").allowed
         if name == "tc acquire":
             return lambda: limiter.acquire("token-acquire").allowed
         if name == "tc capped":
@@ -242,6 +248,28 @@ def run_phase(
     return summary
 
 
+def beside_the_key(url: str) -> dict[str, int]:
+    """Bytes (MEMORY USAGE) of what the store keeps beside a key (issue 12): its card,
+    and its usage history once full (a call an hour for 62 days: 48 hours, 62 days and 3
+    months of counters; 24 months would add 21 small fields)."""
+    from throttle_client import Limiter, RedisBackend
+    from throttle_client.testing import FakeClock
+
+    conn = client(url)
+    conn.flushall()
+    clock = FakeClock()
+    limiter = Limiter(
+        RedisBackend(client(url)), rates=["5000/hour"], namespace="bench-beside", clock=clock
+    )
+    for _ in range(62 * 24):
+        assert limiter.try_acquire("token-beside").allowed
+        clock.advance(3600)
+    prefix = f"tc:{limiter.store_key('token-beside')}:"
+    sizes = {part: conn.memory_usage(prefix + part, samples=0) or 0 for part in ("card", "history")}
+    conn.flushall()
+    return sizes
+
+
 def memory_per_call(url: str) -> dict[str, float]:
     """Bytes of Redis memory per logged call with MEMORY_ENTRIES calls in one key's log."""
     conn = client(url)
@@ -327,6 +355,7 @@ def render(
     phases: dict[int, dict[str, dict[str, float]]],
     memory: dict[str, float],
     server: dict[str, dict[str, float]],
+    beside: dict[str, int],
 ) -> str:
     counts = sorted(phases)
     lines = [
@@ -382,6 +411,9 @@ def render(
     )
     for name, size in memory.items():
         lines.append(f"  {name:<16}{size:>7.1f} bytes")
+    lines.append("Redis bytes beside a key (its card; its usage history, full):")
+    for name, size in beside.items():
+        lines.append(f"  {name:<16}{size:>7d} bytes")
     return "\n".join(lines)
 
 
@@ -408,6 +440,7 @@ def main() -> None:
         version = client(server.url).info("server")["redis_version"]
         phases = {n: run_phase(server.url, names, n, opts.seconds, opts.batch) for n in (1, 2)}
         memory = memory_per_call(server.url)
+        beside = beside_the_key(server.url)
         own = server_time(server.url, names, 500 if opts.quick else 5000)
 
     print(
@@ -416,13 +449,14 @@ def main() -> None:
         f"{opts.seconds:g} s per candidate and phase in {opts.batch:g} s interleaved batches"
     )
     print()
-    print(render(phases, memory, own))
+    print(render(phases, memory, own, beside))
     if opts.json:
         with open(opts.json, "w") as out:
             json.dump(
                 {
                     "phases": phases,
                     "memory_bytes_per_call": memory,
+                    "bytes_beside_a_key": beside,
                     "server_us": own,
                     "redis": version,
                 },

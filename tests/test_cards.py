@@ -76,12 +76,13 @@ def test_a_decision_keeps_the_card_beside_its_key_and_a_reset_drops_it(store: Ba
             min_interval=0.5,
             margin=limiter.margin,
             max_concurrent=None,
+            zone="UTC",  # its usage history's
         )
         assert key not in cards[store_key]
     every = dict(store.all_cards())
     assert set(every) == {*mine, other.store_key(TOKEN)}
     assert Card.parse(every[other.store_key(TOKEN)]) == Card(
-        None, "other", ("9/1s",), 0.0, other.margin, None
+        None, "other", ("9/1s",), 0.0, other.margin, None, "UTC"
     )
 
     store.forget(mine[0])
@@ -104,10 +105,10 @@ def test_a_stacked_capped_call_keeps_each_keys_card(store: Backend) -> None:
         pass
     cards = {k: Card.parse(v) for k, v in store.all_cards()}
     assert cards[token.store_key(TOKEN)] == Card(
-        account(TOKEN), "tok", ("10/1s",), 0.0, token.margin, 2
+        account(TOKEN), "tok", ("10/1s",), 0.0, token.margin, 2, "UTC"
     )
     assert cards[acct.store_key("account-7")] == Card(
-        None, "acct", ("100/60s",), 0.0, acct.margin, None
+        None, "acct", ("100/60s",), 0.0, acct.margin, None, "UTC"
     )
 
 

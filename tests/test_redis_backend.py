@@ -95,6 +95,9 @@ def everything_stored(client: redis.Redis) -> list[str]:
         elif kind == "string":  # the meta: msgpack, so binary; latin-1 keeps every byte
             raw = client.execute_command("GET", key, NEVER_DECODE=True)
             seen.append(raw.decode("latin-1"))
+        elif kind == "hash":  # a usage history, a pushback: fields and counts
+            for field, value in client.hgetall(key).items():
+                seen += [field, value]
         else:
             raise AssertionError(f"unexpected {kind} at {key}")
     return seen
@@ -117,7 +120,7 @@ def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.
     )
     exercise(limiter, TOKEN)
     stored = everything_stored(client)
-    assert len(keys_of(client)) == 3 and stored  # the log, the meta and the card
+    assert len(keys_of(client)) == 4 and stored  # the log, the meta, the card, the history
     assert not [item for item in stored if "secret" in item or TOKEN in item]
     # Every key is the namespace plus the hash tag, never the token.
     assert all(key.startswith("tc:ig:{") for key in keys_of(client))
@@ -160,11 +163,13 @@ def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis)
     limiter = Limiter(backend, margin=0, rates=["3/second", "5/10 seconds"], clock=FakeClock())
     limiter.acquire(TOKEN)
     keys = keys_of(client)
-    assert len(keys) == 3  # the log, the meta and the card
+    assert len(keys) == 4  # the log, the meta, the card and the usage history
+    bounds = {"card": 16_000, "history": 24 * 31 * 86_400_000}
     for key in keys:
         # 10 s, the longest period, plus one second of slack; the card 1.6 times the
-        # period (it outlives its key: sent every half period).
-        assert 0 < client.pttl(key) <= (16_000 if key.endswith(":card") else 11_000)
+        # period (it outlives its key: sent every half period); the history, the
+        # longest period it keeps (24 months by default).
+        assert 0 < client.pttl(key) <= bounds.get(key.rsplit(":", 1)[1], 11_000)
     limiter.pause("paused only", 30)
     paused = set(keys_of(client)) - set(keys)  # its meta, and its card, sent with the pause
     assert len(paused) == 2
@@ -186,8 +191,11 @@ def test_reads_and_refusals_create_nothing(backend: RedisBackend, client: redis.
 
 
 def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Redis) -> None:
-    """Server time, a 50 ms window: the keys must be gone about a second later."""
-    limiter = Limiter(backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001)
+    """Server time, a 50 ms window: the keys must be gone about a second later (but a
+    usage history, kept for months by design: see test_history.py)."""
+    limiter = Limiter(
+        backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001, history=False
+    )
     limiter.acquire(TOKEN)
     assert client.dbsize() == 3  # the log, the meta and the card
     deadline = time.monotonic() + 10
@@ -642,7 +650,7 @@ def test_each_redis_version_follows_the_semantics(each_redis: RedisServer) -> No
     assert [r.used for r in limiter.usage(TOKEN).rates] == [2, 3]
     limiter.pause(TOKEN, 5)
     assert us(limiter.usage(TOKEN).paused_for) == 5 * US
-    assert client.dbsize() == 3 and all(client.pttl(key) > 0 for key in keys_of(client))
+    assert client.dbsize() == 4 and all(client.pttl(key) > 0 for key in keys_of(client))
     limiter.reset(TOKEN)
     assert client.dbsize() == 0
     client.close()
@@ -772,7 +780,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         assert allowed == [True, True, False]
         assert client.connection_pool.connection_kwargs.get("socket_timeout") != 1.0
         db3 = redis.Redis(port=server.port, password="pw", db=3)
-        assert db3.dbsize() == 3  # the log, the meta and the card, in the user's db
+        assert db3.dbsize() == 4  # the log, the meta, the card, the history: the user's db
         db3.close()
     finally:
         admin.close()

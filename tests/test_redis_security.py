@@ -98,6 +98,7 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         prefix = f"tc:{labelled.store_key('token')}:"
         assert json.loads(admin.get(prefix + "card"))["label"] == "acct 1"
         assert admin.hget(prefix + "pushback", "reason") == b"Retry-After"
+        assert [p.calls for p in labelled.history("token").days] == [1]  # counted, and read
         labelled.backend.close()
         # A capped limiter: its waiter is woken by a grant published to its process.
         capped = Limiter(RedisBackend(url), rates=["100/second"], max_concurrent=1, margin=0)

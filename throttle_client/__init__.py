@@ -22,6 +22,7 @@ from ._errors import (
 from ._events import Event, key_label
 from ._failure import LocalFallback
 from ._feedback import QuotaView
+from ._history import History, Period, UsageHistory
 from ._keys import store_key
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate
@@ -52,10 +53,12 @@ __all__ = [
     "CostTooHigh",
     "Decision",
     "Event",
+    "History",
     "LearnedLimit",
     "Limiter",
     "LocalFallback",
     "MemoryBackend",
+    "Period",
     "QuotaView",
     "Rate",
     "RateUsage",
@@ -69,6 +72,7 @@ __all__ = [
     "ThrottledTransport",
     "UpstreamView",
     "Usage",
+    "UsageHistory",
     "__version__",
     "key_label",
     "request_key",

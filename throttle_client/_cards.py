@@ -85,6 +85,7 @@ class Card:
     min_interval: float = 0.0
     margin: float = 0.0
     max_concurrent: int | None = None
+    zone: str | None = None  # the zone of its usage history's periods; None: none kept
 
     def text(self) -> str:
         fields = {
@@ -94,6 +95,7 @@ class Card:
             "min_interval": self.min_interval,
             "margin": self.margin,
             "max_concurrent": self.max_concurrent,
+            "zone": self.zone,
         }
         return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
 
@@ -110,6 +112,7 @@ class Card:
                 min_interval=fields.get("min_interval", 0.0),
                 margin=fields.get("margin", 0.0),
                 max_concurrent=fields.get("max_concurrent"),
+                zone=fields.get("zone"),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -125,6 +128,8 @@ class Card:
         if not isinstance(self.namespace, str) or not self.namespace.isprintable():
             return False
         if not self.rates or not all(isinstance(r, str) for r in self.rates):
+            return False
+        if self.zone is not None and not (isinstance(self.zone, str) and self.zone.isprintable()):
             return False
         seconds = (self.min_interval, self.margin)
         if not all(_number(x) and 0 <= x < 1e9 for x in seconds):

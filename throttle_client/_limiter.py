@@ -42,6 +42,7 @@ from ._backends.base import (
     Op,
     Pause,
     Quota,
+    ReadHistory,
     Release,
     Renew,
     Reset,
@@ -52,6 +53,7 @@ from ._backends.base import (
     Windows,
 )
 from ._backends.batching import GivenUp
+from ._backends.history import HistorySpec
 from ._calendar import windows_for
 from ._cards import Card, Cards, rate_text
 from ._errors import (
@@ -77,6 +79,7 @@ from ._events import (
 from ._failure import FailureGuard, OnUnavailable, shrink
 from ._feedback import ABSURD, QuotaView, read_feedback, read_quota_view
 from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
+from ._history import History, Offsets, UsageHistory, read_history, spec_for
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
 from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS
@@ -170,6 +173,7 @@ class _LimiterCore:
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
+        history: History | bool = True,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not 1 <= len(listed) <= MAX_RATES:
@@ -256,7 +260,18 @@ class _LimiterCore:
         # and top), sent with a decision on the key every half of its horizon: the
         # longest a call counts after its slot.
         horizon = max(gap, *(rate.period for rate in self.rates)) + slack
-        card = Card(None, self.namespace, tuple(rate_text(r) for r in self.rates), gap, slack, cap)
+        # What each key's usage history keeps (None: none), in the zone of the first
+        # calendar rate unless told (see _history.History).
+        if history is True:
+            history = History()
+        if history is not False and not isinstance(history, History):
+            raise TypeError(f"history must be a History, True or False, not {history!r}")
+        self._history = history or None
+        zones = [rate.calendar.tz for rate in self.rates if rate.calendar is not None]
+        zone = (self._history and self._history.zone) or (zones[0] if zones else "UTC")
+        self._offsets = Offsets(zone)
+        rules = tuple(rate_text(r) for r in self.rates)
+        card = Card(None, self.namespace, rules, gap, slack, cap, zone if history else None)
         self._cards = Cards(label, card, every=horizon / 2)
         # Acquires renew the key's TTL (the horizon past its newest slot, and a tenth
         # more in Redis) and send its card every half horizon: a card that lasts 1.6
@@ -292,6 +307,14 @@ class _LimiterCore:
         for limiter in (self, *(entry[0] for entry in also)):
             for card in op.cards:
                 limiter._cards.missed(card.key)
+
+    def _history_of(self, store_key: str) -> tuple[HistorySpec, ...]:
+        """Where a call booked on the key is counted: its usage history, if kept."""
+        if self._history is None:
+            return ()
+        # (UTC's offset is 0: no clock is read. Another zone's is asked of the wall clock.)
+        wall_us = 0 if self._offsets.fixed else round(self._wall() * US)
+        return (spec_for(store_key, self._history, self._offsets, wall_us),)
 
     def _card_of(self, store_key: str) -> tuple[StoreCard, ...]:
         return (StoreCard(store_key, self._cards.text(store_key), self._card_ttl_us),)
@@ -432,6 +455,7 @@ class _LimiterCore:
                 now_us=self._at(now),
                 mark_us=mark_us,
                 cards=self._cards_due(store_key, now),
+                history=self._history_of(store_key),
             )
         # A stacked call (also=), or a capped one (lease_id: the store keeps its lease
         # with its slot).
@@ -442,6 +466,11 @@ class _LimiterCore:
         cards = [
             c for o, ch in zip(owners, charges, strict=True) for c in o._cards_due(ch.key, now)
         ]
+        counted = [
+            spec
+            for owner, charge in zip(owners, charges, strict=True)
+            for spec in owner._history_of(charge.key)
+        ]
         return AcquireAll(
             charges,
             max_wait_us,
@@ -450,6 +479,7 @@ class _LimiterCore:
             lease_id=lease_id,
             mark_us=mark_us,
             cards=tuple(cards),
+            history=tuple(counted),
         )
 
     def _check_partner(self, other: object) -> None:
@@ -830,6 +860,12 @@ class _LimiterCore:
         usage = self._usage(snap)
         return dataclasses.replace(usage, upstream=self._upstream.get(store_key))
 
+    def _history_flow(self, store_key: str, now: float) -> Flow[UsageHistory]:
+        op = ReadHistory(key=store_key, now_us=self._at(now))
+        fields, _, _ = yield from self._ask_flow(op, now)
+        # (A limiter that keeps no history reads one at the offset it was counted at.)
+        return read_history(fields, self._offsets.zone if self._history else None)
+
     def _learn_flow(
         self,
         key: str,
@@ -1101,6 +1137,7 @@ class Limiter(_LimiterCore):
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
+        history: History | bool = True,
     ) -> None:
         if not isinstance(backend, (Backend, AsyncBackend)):
             backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
@@ -1119,6 +1156,7 @@ class Limiter(_LimiterCore):
             max_concurrent=max_concurrent,
             lease_ttl=lease_ttl,
             label=label,
+            history=history,
         )
         self.backend = backend
         self._sleep = sleep
@@ -1204,6 +1242,11 @@ class Limiter(_LimiterCore):
         """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
         return run(self._usage_flow(self.store_key(key), self._local()), self._perform)
 
+    def history(self, key: str) -> UsageHistory:
+        """``key``'s use per hour, day and month, as the store counted it (see
+        :class:`~throttle_client.History`); empty if the limiter keeps none."""
+        return run(self._history_flow(self.store_key(key), self._local()), self._perform)
+
     def _usage_of(self, store_key: str) -> Usage:
         """:meth:`usage` of a key known by its store key only (``throttle-client top``)."""
         return run(self._usage_flow(store_key, self._local()), self._perform)
@@ -1260,6 +1303,7 @@ class AsyncLimiter(_LimiterCore):
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
+        history: History | bool = True,
     ) -> None:
         super().__init__(
             rates=rates,
@@ -1274,6 +1318,7 @@ class AsyncLimiter(_LimiterCore):
             max_concurrent=max_concurrent,
             lease_ttl=lease_ttl,
             label=label,
+            history=history,
         )
         self.backend = _as_async(backend)
         self._sleep = sleep
@@ -1341,6 +1386,9 @@ class AsyncLimiter(_LimiterCore):
 
     async def usage(self, key: str) -> Usage:
         return await arun(self._usage_flow(self.store_key(key), self._local()), self._perform)
+
+    async def history(self, key: str) -> UsageHistory:
+        return await arun(self._history_flow(self.store_key(key), self._local()), self._perform)
 
     async def pause(self, key: str, seconds: float | timedelta) -> float:
         return (await arun(self._pause_flow(key, seconds, self._local()), self._perform))[0]

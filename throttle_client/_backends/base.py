@@ -32,6 +32,7 @@ from typing import Any, Generic, NamedTuple, TypeGuard, TypeVar
 
 from .._errors import ConfigurationError
 from .doorbell import Doorbell
+from .history import HistorySpec
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -226,6 +227,7 @@ class Acquire(Op[Verdict]):
     # from (Verdict.mark): the running total through its slot less this (the margin).
     mark_us: int = -1
     cards: tuple[StoreCard, ...] = ()  # written with the decision, whatever it is
+    history: tuple[HistorySpec, ...] = ()  # where a call it books is counted (history.py)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ class AcquireAll(Op[Verdict]):
     lease_id: str = ""
     mark_us: int = -1  # as Acquire's, for the first key
     cards: tuple[StoreCard, ...] = ()  # as Acquire's
+    history: tuple[HistorySpec, ...] = ()  # as Acquire's, for each key that keeps one
 
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]
@@ -309,6 +312,14 @@ class Inspect(Op[Snapshot]):
 
 
 @dataclass(frozen=True)
+class ReadHistory(Op[dict[str, int]]):
+    """A key's usage history as the store keeps it (``history.py``): field -> count."""
+
+    key: str
+    now_us: int | None = None
+
+
+@dataclass(frozen=True)
 class Pause(Op[int]):
     """No slot before ``now + duration_us``; answers the pause in force (µs since the epoch).
 
@@ -323,6 +334,13 @@ class Pause(Op[int]):
     reason: str = ""
     refused: bool = False
     cards: tuple[StoreCard, ...] = ()  # as Acquire's: a pause outlasts the card's TTL
+
+
+def history_cost(op: Acquire | AcquireAll, store_key: str) -> int:
+    """The cost a call charges to ``store_key``, one of its keys (its usage history)."""
+    if isinstance(op, Acquire):
+        return op.cost
+    return next(charge.cost for charge in op.charges if charge.key == store_key)
 
 
 # The refusals a key's pushback counts: in steps of 10 s, the last 6 (a minute).

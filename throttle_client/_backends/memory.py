@@ -7,15 +7,20 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, cast
 
-from . import leases
+from . import history, leases
 from .base import (
     PUSHBACK_STEPS,
+    Acquire,
+    AcquireAll,
     Backend,
     InlineAsync,
     Op,
     Pause,
     Pushback,
+    ReadHistory,
     Reset,
+    Verdict,
+    history_cost,
     host_clock,
     pushback_at,
     pushback_step,
@@ -194,6 +199,7 @@ class MemoryBackend(Backend):
         # Store key -> the reason of the transports' pause, its end (µs), and the
         # refusals per step (``Pushback``).
         self._pushback: dict[str, tuple[str, int, dict[int, int]]] = {}
+        self._history: dict[str, tuple[dict[str, int], int]] = {}  # (fields, expires µs)
         self._seen = 0  # the latest time an operation ran at (µs): cards read at it
         self._lock = threading.Lock()
         self._ops = 0
@@ -211,8 +217,17 @@ class MemoryBackend(Backend):
         return result
 
     def _run(self, op: Op[T], now: int, granted: list[str]) -> T:
+        if isinstance(op, ReadHistory):
+            fields, expires = self._history.get(op.key, ({}, 0))
+            return cast(T, dict(fields) if expires > now else {})
         keys = leases.log_keys(op)
         logs = [self._log(key, now) for key in keys]
+        # (A retry that finds its call booked already was counted by its first attempt.)
+        counts = (
+            isinstance(op, (Acquire, AcquireAll))
+            and bool(op.history)
+            and logs[0].slot_of(op.call_id) is None
+        )
         touched: list[str] = []
 
         def view(key: str) -> _MemoryLeases:
@@ -223,6 +238,14 @@ class MemoryBackend(Backend):
         if isinstance(op, Reset):
             self._cards.pop(op.key, None)
             self._pushback.pop(op.key, None)
+            self._history.pop(op.key, None)
+        if counts and cast(Verdict, result).allowed:
+            assert isinstance(op, (Acquire, AcquireAll))
+            slot = cast(Verdict, result).slot_us
+            for spec in op.history:
+                fields, _ = self._history.get(spec.key, ({}, 0))
+                history.record(fields, spec, slot, history_cost(op, spec.key))
+                self._history[spec.key] = (fields, slot + history.kept_us(spec.keep))
         if isinstance(op, Pause) and (op.reason or op.refused):
             self._push_back(op, cast(int, result), now)
         for card in getattr(op, "cards", ()):
@@ -264,6 +287,8 @@ class MemoryBackend(Backend):
             del self._logs[key]
         for key in [k for k, (_, expires) in self._cards.items() if expires <= now]:
             del self._cards[key]
+        for key in [k for k, (_, expires) in self._history.items() if expires <= now]:
+            del self._history[key]
         for key, (_, until, steps) in list(self._pushback.items()):
             if until <= now and not refused_lately(steps, now):
                 del self._pushback[key]

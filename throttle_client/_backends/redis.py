@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import itertools
 import threading
 import time
 import warnings
@@ -34,6 +33,7 @@ from redis.crc import key_slot
 
 from .._errors import BackendError, ConfigurationError
 from .._flow import arun, run
+from . import history
 from .base import (
     Acquire,
     AcquireAll,
@@ -46,6 +46,7 @@ from .base import (
     Pause,
     Pushback,
     Quota,
+    ReadHistory,
     Release,
     Renew,
     Reset,
@@ -55,6 +56,7 @@ from .base import (
     pushback_at,
 )
 from .batching import Batcher, Send, Wait
+from .history import HistorySpec
 from .redis_clients import (
     CONNECTIONS,
     async_copy,
@@ -98,6 +100,11 @@ def redis_keys(key: str) -> tuple[bytes, bytes]:
 def card_key(key: str) -> bytes:
     """A key's card (``_cards``): a string beside its log and meta."""
     return f"tc:{key}:card".encode()
+
+
+def history_key(key: str) -> bytes:
+    """A key's usage history (history.py): a hash beside its log and meta."""
+    return f"tc:{key}:history".encode()
 
 
 def pushback_key(key: str) -> bytes:
@@ -173,9 +180,11 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     long it waited in the backend's queue; an acquire waits that much less for its slot,
     so a call never outlasts its timeout by the time it queued."""
     if isinstance(op, Reset):
-        every = redis_keys(op.key) + lease_keys(op.key) + (card_key(op.key), pushback_key(op.key))
-        return every, (b"reset",)
+        beside = (card_key(op.key), pushback_key(op.key), history_key(op.key))
+        return redis_keys(op.key) + lease_keys(op.key) + beside, (b"reset",)
     now = b"-" if op.now_us is None else b"%d" % op.now_us
+    if isinstance(op, ReadHistory):
+        return (history_key(op.key),), (b"history_read",)
     if isinstance(op, (Release, Renew)):
         capped = [c for c in op.charges if c.quota.max_concurrent]
         keys = tuple(name for c in capped for name in lease_keys(c.key))
@@ -239,6 +248,9 @@ _REPAIRED: dict[bytes | str, str] = {
 
 def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     words = reply.split()
+    if isinstance(op, ReadHistory):  # "field count field count ...": no number is lost
+        pairs = zip(words[::2], words[1::2], strict=True)
+        return cast(T, {_text(name): int(n) for name, n in pairs})
     part = _REPAIRED.get(words[0])
     if part is not None:
         del words[0]
@@ -355,10 +367,11 @@ def encode_batch(
     ``queued``: per operation, the seconds it waited in the queue (``encode``). The
     cards an acquire carries go after it, each an operation of the batch."""
     waits = [int(q * 1_000_000) for q in queued] if queued else [0] * len(ops)
-    items = []
+    items: list[tuple[tuple[bytes, ...], tuple[bytes | str, ...]]] = []
     for op, queued_us in zip(ops, waits, strict=True):
-        items.append(encode(op, queued_us))
         now = b"-" if op.now_us is None else b"%d" % op.now_us
+        items += [_history_item(spec, now) for spec in getattr(op, "history", ())]
+        items.append(encode(op, queued_us))
         items += [_card_item(card, now) for card in getattr(op, "cards", ())]
     if len(items) == 1:
         return items[0]
@@ -368,10 +381,28 @@ def encode_batch(
         packed = [_array(1 + len(op_keys) + len(op_args)), _uint(len(op_keys))]
         for key in op_keys:
             packed.append(_uint(places.setdefault(key, len(places) + 1)))
-        for arg in op_args:
-            packed.append(_bin(arg.encode()) if isinstance(arg, str) else _recurring(arg))
+        if op_args[0] == b"history":  # (the same for every call on the key: packed once)
+            packed.append(_packed(op_args))
+        else:
+            packed += [_bin(a.encode()) if isinstance(a, str) else _recurring(a) for a in op_args]
         args.append(b"".join(packed))
     return tuple(places), tuple(args)
+
+
+@functools.lru_cache(maxsize=4096)
+def _packed(args: tuple[bytes | str, ...]) -> bytes:
+    return b"".join(_bin(a.encode()) if isinstance(a, str) else _bin(a) for a in args)
+
+
+@functools.lru_cache(maxsize=4096)
+def _history_item(
+    spec: HistorySpec, now: bytes
+) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+    """Where the operation after it counts its bookings (the script's "history")."""
+    keep = tuple(b"%d" % n for n in spec.keep)
+    ttl = b"%d" % (history.kept_us(spec.keep) // 1000)
+    keys = (redis_keys(spec.key)[1], history_key(spec.key))
+    return keys, (b"history", b"-", now, *keep, b"%d" % spec.offset_us, ttl)
 
 
 def _card_item(card: StoreCard, now: bytes) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
@@ -399,15 +430,20 @@ _recurring = functools.lru_cache(maxsize=1024)(_bin)
 def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[Any]:
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message."""
-    cards = [len(getattr(op, "cards", ())) for op in ops]
-    if len(ops) <= 1 and not any(cards):  # (none: a call that opened a connection: "")
+    # Per operation, the items that go before it (its history) and after it (its cards).
+    around = [(len(getattr(op, "history", ())), len(getattr(op, "cards", ()))) for op in ops]
+    extra = sum(before + after for before, after in around)
+    if len(ops) <= 1 and not extra:  # (none: a call that opened a connection: "")
         return [decode(ops[0], reply, notice)] if ops else []
     lines = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
-    if len(lines) != len(ops) + sum(cards):
-        raise BackendError(f"Redis answered {len(lines)} lines for a batch of {len(ops)}")
-    if any(cards):  # each operation's own line (a card's: "1", or an error it shrugs off)
-        places = itertools.accumulate([0, *cards[:-1]], lambda at, n: at + 1 + n)
-        lines = [lines[at] for at in places]
+    if len(lines) != len(ops) + extra:
+        raise BackendError(f"Redis answered {len(lines)} lines for {len(ops) + extra} items")
+    if extra:  # each operation's own line (the others': "1", or an error shrugged off)
+        own, at = [], 0
+        for before, after in around:
+            own.append(lines[at + before])
+            at += before + 1 + after
+        lines = own
     outcomes: list[Any] = []
     for op, line in zip(ops, lines, strict=True):
         if line[:1] in (b"!", "!"):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
-from . import leases, sliding_log
+from . import history, leases, sliding_log
 from .base import (
     PUSHBACK_STEP_US,
     PUSHBACK_STEPS,
@@ -51,10 +51,13 @@ from .base import (
     Pause,
     Pushback,
     Quota,
+    ReadHistory,
     Release,
     Renew,
     Reset,
     ThreadedAsync,
+    Verdict,
+    history_cost,
     host_clock,
     pushback_at,
     pushback_step,
@@ -125,6 +128,12 @@ CREATE TABLE IF NOT EXISTS tc_pushback (
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_pushback_expiry ON tc_pushback (expires_at);
+CREATE TABLE IF NOT EXISTS tc_history (
+    key TEXT PRIMARY KEY,
+    fields TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_history_expiry ON tc_history (expires_at);
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -157,6 +166,13 @@ _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 CARDS_STEP = 500  # cards read at once by all_cards
 _FORGET_CARD = "DELETE FROM tc_cards WHERE key = ?"
 _FORGET_PUSHBACK = "DELETE FROM tc_pushback WHERE key = ?"
+# A key's usage history (history.py): its fields as JSON; it outlives the key, by design.
+_HISTORY_OF = "SELECT fields FROM tc_history WHERE key = ? AND expires_at > ?"
+_HISTORY = "INSERT OR REPLACE INTO tc_history (key, fields, expires_at) VALUES (?, ?, ?)"
+_FORGET_HISTORY = "DELETE FROM tc_history WHERE key = ?"
+_EXPIRED_HISTORY = (
+    "DELETE FROM tc_history WHERE key IN (SELECT key FROM tc_history WHERE expires_at <= ? LIMIT ?)"
+)
 # A key forgotten (reset, or expired) takes its card along. Its pushback (the upstream's
 # refusals of the last minute) outlives an expired key on its own TTL; a reset drops it.
 _FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE, _FORGET_CARD)
@@ -733,6 +749,13 @@ class SQLiteBackend(Backend):
 
     def execute(self, op: Op[T]) -> T:
         conn = self._connection()
+        if isinstance(op, ReadHistory):  # (a read of its own table: no log, no lock)
+            try:
+                now = op.time_us(self._clock)
+                row = conn.db.execute(_HISTORY_OF, (op.key, now)).fetchone()
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+            return cast(T, _fields(row[0]) if row else {})
         # A read (usage) takes a snapshot and never queues behind writers (WAL); every
         # other operation takes the write lock first, so its read-decide-write is atomic.
         writable = not isinstance(op, Inspect)
@@ -790,6 +813,12 @@ class SQLiteBackend(Backend):
         with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
             logs = self._logs(db, op, now, repaired, writable=writable)
+            # (A retry that finds its call booked already was counted by its first attempt.)
+            counts = (
+                isinstance(op, (Acquire, AcquireAll))
+                and bool(op.history)
+                and logs[0].slot_of(op.call_id) is None
+            )
             result = leases.execute(op, logs, lambda key: _SQLiteLeases(db, key), now, granted)
             if writable:
                 for log in logs:
@@ -801,6 +830,10 @@ class SQLiteBackend(Backend):
                     _push_back(db, op, cast(int, result), now)
                 if isinstance(op, Reset):
                     db.execute(_FORGET_PUSHBACK, (op.key,))
+                    db.execute(_FORGET_HISTORY, (op.key,))
+                if counts and cast(Verdict, result).allowed:
+                    assert isinstance(op, (Acquire, AcquireAll))
+                    _count(db, op, cast(Verdict, result).slot_us, now)
                 conn.ops += 1
                 if conn.ops % _SWEEP_EVERY == 0:
                     _sweep(db, now)
@@ -945,6 +978,26 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     db.executemany(_DEQUEUE, dead)
     db.execute(_EXPIRED_CARDS, (now, _SWEEP_BATCH))
     db.execute(_EXPIRED_PUSHBACK, (now, _SWEEP_BATCH))
+    db.execute(_EXPIRED_HISTORY, (now, _SWEEP_BATCH))
+
+
+def _count(db: sqlite3.Connection, op: Acquire | AcquireAll, slot: int, now: int) -> None:
+    """Count a call ``op`` booked at ``slot`` in each of its keys' usage history."""
+    for spec in op.history:
+        row = db.execute(_HISTORY_OF, (spec.key, now)).fetchone()
+        fields = _fields(row[0]) if row else {}
+        history.record(fields, spec, slot, history_cost(op, spec.key))
+        expires = slot + history.kept_us(spec.keep)
+        db.execute(_HISTORY, (spec.key, json.dumps(fields, separators=(",", ":")), expires))
+
+
+def _fields(text: str) -> dict[str, int]:
+    """A stored history's fields; a damaged one begins again (never an error)."""
+    try:
+        fields = json.loads(text)
+        return {str(name): int(n) for name, n in fields.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:

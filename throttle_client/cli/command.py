@@ -32,6 +32,7 @@ from throttle_client import (
     BackendError,
     Card,
     ConfigurationError,
+    History,
     Limiter,
     Rate,
     RedisBackend,
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, summary in (
         ("status", "per rate, used, booked ahead and remaining; the next free slot; any pause"),
         ("reset", "forget everything about the keys"),
+        ("history", "the calls admitted and their cost per hour, day and month"),
     ):
         sub = commands.add_parser(
             name,
@@ -303,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                 help="the limiter's margin (with --rate; default %(default)s): it widens "
                 "the windows",
             )
+            sub.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "history":
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.add_argument("keys", nargs="*", metavar="KEY", help="keys (access tokens), or '-'")
     return parser
@@ -508,6 +512,57 @@ def _check_plot(path: str) -> None:
         raise _UsageError(f"--plot needs matplotlib: pip install '{PROG}[plot]'") from None
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    report: list[dict[str, Any]] = []
+    with _open_store(args) as backend:
+        for number, key in enumerate(keys, 1):
+            hashed = store_key(key, namespace=args.namespace, tag=args.tag)
+            card = Card.parse(backend.cards([hashed]).get(hashed, ""))
+            # The zone the limiters count in, as their card says; with no card (it
+            # lasts as long as the key, the history far longer), the offset the store
+            # kept. (The rates do not matter to a read of the history.)
+            zone = card.zone if card is not None else None
+            reader = Limiter(
+                backend,
+                rates="1/second",
+                namespace=args.namespace,
+                tag=None if args.tag is None else (lambda _key: args.tag),
+                history=History(zone=zone) if zone else False,
+            )
+            used = reader.history(key)
+            report.append(
+                {
+                    **_label(number, hashed),
+                    "label": None if card is None else card.label,
+                    "zone": used.zone,
+                    **{
+                        grain: [
+                            {"start": p.start.isoformat(), "calls": p.calls, "cost": p.cost}
+                            for p in getattr(used, grain)
+                        ]
+                        for grain in ("hours", "days", "months")
+                    },
+                }
+            )
+    if args.json:
+        print(json.dumps({"namespace": args.namespace, "keys": report}))
+        return EXIT_OK
+    shapes = {"hours": "%Y-%m-%d %H:00", "days": "%Y-%m-%d", "months": "%Y-%m"}
+    for entry in report:
+        label = "" if entry["label"] is None else f", label {entry['label']!r}"
+        print(f"{entry['key']}  (store key {entry['store_key']}{label}), in {entry['zone']}")
+        for grain, shape in shapes.items():
+            rows = entry[grain]
+            if not rows:
+                print(f"  {grain}: none")
+            for row in rows:
+                start = datetime.fromisoformat(row["start"]).strftime(shape)
+                cost = f", cost {row['cost']}" if row["cost"] != row["calls"] else ""
+                print(f"  {start:<16} {row['calls']} calls{cost}")
+    return EXIT_OK
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     with _open_store(args) as backend:
 
@@ -557,7 +612,13 @@ def _live_view() -> Callable[[_demo.DemoConfig], _demo.DemoRun] | None:
     return run_live
 
 
-COMMANDS = {"demo": cmd_demo, "status": cmd_status, "reset": cmd_reset, "top": cmd_top}
+COMMANDS = {
+    "demo": cmd_demo,
+    "status": cmd_status,
+    "reset": cmd_reset,
+    "top": cmd_top,
+    "history": cmd_history,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -615,6 +615,57 @@ local function book_coarse(k, slot, cost)
   end
 end
 
+-- Usage history (throttle_client/_backends/history.py): per key, a hash H of the calls
+-- booked per hour, day and month local to a zone ("h" .. id, "d" .. id, "m" .. id) and
+-- the units beyond one per call ("H", "D", "M"), the newest `keep` periods of each. A
+-- batch item "history" (keys: M, H; argv: history, -, now, keep hours, days, months,
+-- the zone's offset from UTC in µs, H's TTL in ms) goes before the operation whose
+-- bookings it counts: book() counts each call it books, in the same step.
+local histories -- M's name -> {key, keep, offset, ttl}, for this script call
+local HOUR, DAY = 3600000000, 86400000000
+local GRAINS = {'h', 'd', 'm'}
+
+local function month_of(day) -- days since 1970-01-01 -> year * 12 + month - 1
+  local z = day + 719468 -- (H. Hinnant's civil_from_days, in whole numbers)
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local month, year = mp < 10 and mp + 3 or mp - 9, yoe + era * 400
+  if month <= 2 then year = year + 1 end
+  return year * 12 + month - 1
+end
+
+local function forget_before(key, grain, oldest) -- a grain's periods up to `oldest` go
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    local g, id = string.match(field, '^(%a)(%-?%d+)$')
+    if g and string.lower(g) == grain and tonumber(id) <= oldest then
+      redis.call('HDEL', key, field)
+    end
+  end
+end
+
+local function count_history(h, slot, cost)
+  local here = slot + h.offset
+  local day = math.floor(here / DAY)
+  local ids, fresh = {math.floor(here / HOUR), day, month_of(day)}, false
+  for i = 1, 3 do
+    if redis.call('HINCRBY', h.key, format('%s%d', GRAINS[i], ids[i]), 1) == 1 then
+      fresh = true -- a new period: the one past what is kept goes
+      forget_before(h.key, GRAINS[i], ids[i] - h.keep[i])
+    end
+    if cost > 1 then
+      redis.call('HINCRBY', h.key, format('%s%d', string.upper(GRAINS[i]), ids[i]), cost - 1)
+    end
+  end
+  if fresh then -- (an hour begins: the offset it is counted at; the TTL renewed)
+    redis.call('HSET', h.key, 'o', format('%d', h.offset)) -- (history.py's OFFSET)
+    redis.call('PEXPIRE', h.key, format('%d', h.ttl))
+  end
+end
+
 -- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
 -- retries are found in the first key); false if the id is already booked.
 local function book(k, slot, cost, id)
@@ -630,6 +681,10 @@ local function book(k, slot, cost, id)
     redis.call('ZADD', k.log, format('%d', slot), entry(cum))
   end
   book_coarse(k, slot, cost)
+  local h = histories[k.meta]
+  -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or
+  -- half-writes a booking.)
+  if h then pcall(count_history, h, slot, cost) end
   if cost > 1 then k.wcum = cum end
   k.total, k.last = cum, slot
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
@@ -732,6 +787,9 @@ end
 local function run_one(keys, argv)
   repaired = nil
   local op = argv[1]
+  if op == 'history_read' then -- a key's usage history: "field count field count ..."
+    return table.concat(redis.call('HGETALL', keys[1]), ' ')
+  end
   if op == 'reset' then
     local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
     if gone then gone.needed, opened[keys[2]] = nil, nil end
@@ -750,6 +808,15 @@ local function run_one(keys, argv)
     if not now then return fail('bad time ' .. tostring(argv[3])) end
   end
 
+  if op == 'history' then -- declares where the next operation's bookings are counted
+    local h, d, m = whole(argv[4], 1), whole(argv[5], 1), whole(argv[6], 1)
+    local offset, ttl = tonumber(argv[7]), whole(argv[8], 1)
+    if #keys ~= 2 or not h or not d or not m or not offset or offset % 1 ~= 0 or not ttl then
+      return fail('bad history')
+    end
+    histories[keys[1]] = {key = keys[2], keep = {h, d, m}, offset = offset, ttl = ttl}
+    return '1'
+  end
   if op == 'card' then
     -- A key's card (JSON for operators: its label and rules), beside its M (keys: M, C;
     -- argv: card, -, now, the card, a TTL in ms), after the operation it rides with: it
@@ -1090,6 +1157,7 @@ local function run_batch(keys, argv)
     for j = nkeys + 2, #item do sub_argv[j - nkeys - 1] = item[j] end
     local answer
     ok, answer = pcall(run_one, sub_keys, sub_argv)
+    if sub_argv[1] ~= 'history' then histories = {} end -- (it declares for one operation)
     if type(answer) == 'table' then -- an error: fail()'s reply, or one a redis.call raised
       ok, answer = false, answer.err
     end
@@ -1103,7 +1171,7 @@ local function run(keys, argv)
   if redis.replicate_commands then
     redis.replicate_commands() -- Redis 6.2: TIME followed by writes needs effects replication
   end
-  format, opened, opened_order, server_now = string.format, {}, {}, nil
+  format, opened, opened_order, server_now, histories = string.format, {}, {}, nil, {}
   local ok, answer
   if argv[1] == 'batch' then ok, answer = true, run_batch(keys, argv) else ok, answer = pcall(run_one, keys, argv) end
   -- (What an operation wrote before it failed stays, as in any script: its M is written

@@ -1,0 +1,131 @@
+"""Usage history as a user sees it (issue 12, part 3): what to keep (:class:`History`),
+and what ``limiter.history(key)`` returns (:class:`UsageHistory`), read from the fields
+a store keeps (``_backends/history.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ._backends.history import HOUR_US, OFFSET, HistorySpec
+from ._errors import ConfigurationError
+
+US = 1_000_000
+EPOCH = dt.datetime(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class History:
+    """What a limiter counts of each key's use: the calls it admits and the units they
+    cost, per hour, day and month, the newest ``hours``, ``days`` and ``months`` of
+    each, in the same atomic step as the decision. Periods are local to ``zone`` (an
+    IANA name); None: the zone of the limiter's first calendar rate, else UTC.
+
+    ``Limiter(..., history=History(days=90))``; ``history=False`` keeps none.
+    """
+
+    hours: int = 48
+    days: int = 62
+    months: int = 24
+    zone: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hours", "days", "months"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
+                raise ConfigurationError(
+                    f"History({name}=...) must be a whole number from 1 to 10000, not {value!r}"
+                )
+        if self.zone is not None:
+            zone_of(self.zone)
+
+
+def zone_of(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ConfigurationError(f"unknown time zone {name!r} (an IANA name is needed)") from None
+
+
+@dataclass(frozen=True)
+class Period:
+    """One hour, day or month of a key's use: when it ``start``\\ s (in the history's
+    zone), the ``calls`` admitted in it, and the units they ``cost``."""
+
+    start: dt.datetime
+    calls: int
+    cost: int
+
+
+@dataclass(frozen=True)
+class UsageHistory:
+    """A key's use per hour, day and month, oldest first, in ``zone`` (an IANA name, or
+    an offset from UTC such as "UTC-08:00" for a reader that does not know the zone the
+    limiters count in); periods with no call are left out. Counts bookings: a call that
+    woke too late and booked again (``Decision.late_wakeups``) counts twice, as in the
+    windows."""
+
+    zone: str
+    hours: tuple[Period, ...]
+    days: tuple[Period, ...]
+    months: tuple[Period, ...]
+
+
+def read_history(fields: dict[str, int], zone: str | None) -> UsageHistory:
+    """The history a store's ``fields`` hold (unknown fields are left out), its periods
+    placed in ``zone``, else at the offset from UTC they were counted at."""
+    if zone is not None:
+        tz: dt.tzinfo = zone_of(zone)
+    else:
+        tz = dt.timezone(dt.timedelta(microseconds=fields.get(OFFSET, 0)))
+        zone = str(tz)
+    grains: dict[str, list[Period]] = {"h": [], "d": [], "m": []}
+    for name, calls in fields.items():
+        grain, number = name[:1], name[1:]
+        if grain not in grains or not number.lstrip("-").isdigit():
+            continue
+        period = int(number)
+        extra = fields.get(grain.upper() + number, 0)
+        grains[grain].append(Period(_start(grain, period, tz), calls, calls + extra))
+    ordered = {grain: tuple(sorted(ps, key=lambda p: p.start)) for grain, ps in grains.items()}
+    return UsageHistory(zone, ordered["h"], ordered["d"], ordered["m"])
+
+
+def _start(grain: str, period: int, tz: dt.tzinfo) -> dt.datetime:
+    if grain == "h":
+        local = EPOCH + dt.timedelta(hours=period)
+    elif grain == "d":
+        local = EPOCH + dt.timedelta(days=period)
+    else:
+        local = dt.datetime(period // 12, period % 12 + 1, 1)
+    return local.replace(tzinfo=tz)
+
+
+class Offsets:
+    """A zone's offset from UTC at a time, for the store to count in local periods;
+    asked again once per hour of the clock (an offset changes on the hour)."""
+
+    def __init__(self, zone: str) -> None:
+        self.zone = zone
+        self._tz = None if zone == "UTC" else zone_of(zone)
+        self.fixed = self._tz is None  # its offset never changes (UTC: 0)
+        # The hour last asked about (µs since the epoch // HOUR_US) and its offset (µs),
+        # replaced whole: no lock needed.
+        self._known: tuple[int, int] | None = None
+
+    def at(self, epoch_us: int) -> int:
+        if self._tz is None:
+            return 0
+        hour, known = epoch_us // HOUR_US, self._known
+        if known is not None and known[0] == hour:
+            return known[1]
+        delta = dt.datetime.fromtimestamp(epoch_us / US, self._tz).utcoffset()
+        offset = round((delta or dt.timedelta(0)).total_seconds() * US)
+        self._known = (hour, offset)
+        return offset
+
+
+def spec_for(store_key: str, history: History, offsets: Offsets, epoch_us: int) -> HistorySpec:
+    keep = (history.hours, history.days, history.months)
+    return HistorySpec(store_key, keep, offsets.at(epoch_us))
