@@ -25,6 +25,7 @@ from hypothesis import configuration as hypothesis_configuration
 from throttle_client import (
     AsyncLimiter,
     AsyncRedisBackend,
+    Backend,
     Limiter,
     MemoryBackend,
     RedisBackend,
@@ -117,6 +118,21 @@ class SyncView:
 
 
 BACKENDS = ["memory", "sqlite", "redis", "cluster"]
+
+
+@pytest.fixture(params=BACKENDS)
+def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Each store in turn, sync: memory, an SQLite file, Redis, a Redis Cluster."""
+    kind = request.param
+    backend: Backend
+    if kind == "memory":
+        backend = MemoryBackend()
+    elif kind == "sqlite":
+        backend = SQLiteBackend(tmp_path / "limits.db")
+    else:
+        backend = RedisBackend(request.getfixturevalue(f"{kind}_url"), cluster=kind == "cluster")
+    with backend:
+        yield backend
 
 
 @pytest.fixture(params=[f"{b}-{mode}" for b in BACKENDS for mode in ("sync", "async")])

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,34 +23,21 @@ from throttle_client import (
     Limiter,
     MemoryBackend,
     RedisBackend,
-    SQLiteBackend,
 )
 from throttle_client._backends.base import Op
 from throttle_client._cards import Card
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_card_test_token_7f3a"
-STORES = ["memory", "sqlite", "redis", "cluster"]
 
 
 def account(key: str) -> str:
     return f"account {key[-2:]}"
 
 
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    backend: Backend
-    if kind == "memory":
-        backend = MemoryBackend()
-    elif kind == "sqlite":
-        backend = SQLiteBackend(tmp_path / "limits.db")
-    elif kind == "redis":
-        backend = RedisBackend(request.getfixturevalue("redis_url"))
-    else:
-        backend = RedisBackend(request.getfixturevalue("cluster_url"), cluster=True)
-    yield backend
-    backend.close()
+@pytest.fixture
+def store(every_store: Backend) -> Backend:
+    return every_store
 
 
 def test_a_decision_keeps_the_card_beside_its_key_and_a_reset_drops_it(store: Backend) -> None:
@@ -168,10 +154,12 @@ def test_a_card_goes_with_the_first_decision_then_every_half_horizon() -> None:
         (lambda key: ("acct", key), "not a tuple"),
         (lambda key: "", "not 0"),
         (lambda key: "x" * 65, "not 65"),
-        (lambda key: "two\nlines", "unprintable"),
+        (lambda key: "two\nlines", "not printable"),
         (lambda key: f"is {key}", "holds the key itself"),
         (lambda key: f"user {key}" * 3, "holds the key itself"),  # too long, and the key
-        (lambda key: f"\t{key[:10]}", "unprintable"),  # a part of the key, unprintable
+        (lambda key: f"\t{key[:10]}", "not printable"),  # a part of the key, unprintable
+        (lambda key: {"known": "acct"}[key], "label= raised KeyError"),  # its message: the key
+        (lambda key: "   ", "blank"),
     ],
 )
 def test_a_bad_label_is_refused_and_never_shows_the_key(

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -32,18 +31,9 @@ TOKEN = "ghp_history_test_token_3c7a"
 LA = "America/Los_Angeles"
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "cluster"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    backend: Backend
-    if kind == "memory":
-        backend = MemoryBackend()
-    elif kind == "sqlite":
-        backend = SQLiteBackend(tmp_path / "limits.db")
-    else:
-        backend = RedisBackend(request.getfixturevalue(f"{kind}_url"), cluster=kind == "cluster")
-    yield backend
-    backend.close()
+@pytest.fixture
+def store(every_store: Backend) -> Backend:
+    return every_store
 
 
 def reference(calls: list[tuple[float, int]], zone: str) -> dict[str, Counter[dt.datetime]]:

@@ -259,6 +259,16 @@ def test_leases_held_go_up_and_down_on_both_exporters(scraped) -> None:
     provider.shutdown()
 
 
+def test_a_later_instrument_call_may_leave_the_bounds_out() -> None:
+    registry = CollectorRegistry()
+    first, _ = limiter()
+    second = Limiter(MemoryBackend(), rates="5/second", namespace="second")
+    prometheus.instrument(first, registry=registry, top_keys=2)
+    prometheus.instrument(second, registry=registry)  # the registry's: top_keys=2
+    with pytest.raises(ValueError, match="top_keys=2"):
+        prometheus.instrument(second, registry=registry, top_keys=5)
+
+
 # -- the parts they are built on ------------------------------------------------------
 
 

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,25 +22,20 @@ from throttle_client import (
     SQLiteBackend,
     ThrottledTransport,
 )
-from throttle_client._backends.base import Pushback
 from throttle_client._flow import run
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_pushback_test_token_9d0e"
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "cluster"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    backend: Backend
-    if kind == "memory":
-        backend = MemoryBackend()
-    elif kind == "sqlite":
-        backend = SQLiteBackend(tmp_path / "limits.db")
-    else:
-        backend = RedisBackend(request.getfixturevalue(f"{kind}_url"), cluster=kind == "cluster")
-    yield backend
-    backend.close()
+@pytest.fixture
+def store(every_store: Backend) -> Backend:
+    return every_store
+
+
+def told(store: Backend, keys: list[str]) -> dict[str, tuple[str | None, int]]:
+    """A store's pushback of ``keys``: reason and refusals (the pause's end aside)."""
+    return {key: (said.reason, said.refused) for key, said in store.pushback(keys).items()}
 
 
 def upstream_pause(limiter: Limiter, key: str, seconds: float, reason: str, refused: bool) -> None:
@@ -62,28 +56,28 @@ def test_a_transport_keeps_the_reason_and_the_refusal_in_the_store(store: Backen
         response = client.post("/things", headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 429
     key = limiter.store_key(TOKEN)
-    assert store.pushback([key, "api:{nothing}"]) == {key: Pushback("Retry-After", 1)}
+    assert told(store, [key, "api:{nothing}"]) == {key: ("Retry-After", 1)}
 
 
 def test_refusals_count_for_a_minute_and_the_reason_while_its_pause_holds(store: Backend) -> None:
     limiter = Limiter(store, rates="10/second", namespace="api")
     key = limiter.store_key(TOKEN)
     limiter.pause(TOKEN, 60)  # the caller's: no pushback
-    assert store.pushback([key]) == {}
+    assert told(store, [key]) == {}
     # A shorter pause than the one in force: its refusal counts, its reason does not hold.
     upstream_pause(limiter, TOKEN, 5, "Retry-After", refused=True)
-    assert store.pushback([key]) == {key: Pushback(None, 1)}
+    assert told(store, [key]) == {key: (None, 1)}
 
     other = limiter.store_key("other")
     upstream_pause(limiter, "other", 120, "X-RateLimit-Reset", refused=False)
     upstream_pause(limiter, "other", 1, "backoff", refused=True)
     upstream_pause(limiter, "other", 1, "backoff", refused=True)
-    assert store.pushback([key, other]) == {
-        key: Pushback(None, 1),
-        other: Pushback("X-RateLimit-Reset", 2),
+    assert told(store, [key, other]) == {
+        key: (None, 1),
+        other: ("X-RateLimit-Reset", 2),
     }
     limiter.reset("other")
-    assert store.pushback([other]) == {}
+    assert told(store, [other]) == {}
 
 
 def test_refusals_leave_the_count_after_a_minute_and_the_reason_with_its_pause() -> None:
@@ -94,16 +88,16 @@ def test_refusals_leave_the_count_after_a_minute_and_the_reason_with_its_pause()
     upstream_pause(limiter, TOKEN, 30, "Retry-After", refused=True)
     clock.advance(25)
     upstream_pause(limiter, TOKEN, 1, "backoff", refused=True)
-    assert store.pushback([key]) == {key: Pushback("Retry-After", 2)}
+    assert told(store, [key]) == {key: ("Retry-After", 2)}
     clock.advance(10)  # the pause ended; both refusals are within the minute
     limiter.try_acquire("another")  # (the memory store reads at the time it last ran)
-    assert store.pushback([key]) == {key: Pushback(None, 2)}
+    assert told(store, [key]) == {key: (None, 2)}
     clock.advance(30)  # 65 s after the first, 40 after the second
     limiter.try_acquire("another")
-    assert store.pushback([key]) == {key: Pushback(None, 1)}
+    assert told(store, [key]) == {key: (None, 1)}
     clock.advance(30)
     limiter.try_acquire("another")
-    assert store.pushback([key]) == {}
+    assert told(store, [key]) == {}
 
 
 def test_damaged_pushback_counts_nothing_and_fails_nothing(tmp_path: Path, redis_url: str) -> None:
@@ -111,14 +105,14 @@ def test_damaged_pushback_counts_nothing_and_fails_nothing(tmp_path: Path, redis
     key = limiter.store_key(TOKEN)
     client = redis.Redis.from_url(redis_url)
     client.hset(f"tc:{key}:pushback", mapping={"s:abc": "1", "until": "12.5", "s:1": "x"})
-    assert limiter.backend.pushback([key]) == {}  # type: ignore[attr-defined]
+    assert told(limiter.backend, [key]) == {}  # type: ignore[arg-type]
     client.close()
     sqlite = SQLiteBackend(tmp_path / "limits.db")
     on_sqlite = Limiter(sqlite, rates="10/second", namespace="api")
     upstream_pause(on_sqlite, TOKEN, 1, "backoff", refused=True)
     sqlite._connection().db.execute("UPDATE tc_pushback SET steps = 'not json'")
     upstream_pause(on_sqlite, TOKEN, 1, "backoff", refused=True)  # no error: counts anew
-    assert sqlite.pushback([key]) == {key: Pushback("backoff", 1)}
+    assert told(sqlite, [key]) == {key: ("backoff", 1)}
     sqlite.close()
 
 
@@ -132,7 +126,7 @@ def test_sqlite_keeps_the_refusals_when_the_key_expires(tmp_path: Path) -> None:
         limiter.try_acquire("another")
     assert limiter.try_acquire(TOKEN).allowed
     upstream_pause(limiter, TOKEN, 1, "backoff", refused=True)
-    assert store.pushback([key]) == {key: Pushback("backoff", 2)}
+    assert told(store, [key]) == {key: ("backoff", 2)}
     store.close()
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from throttle_client import Backend, Limiter, RedisBackend, SQLiteBackend
+from throttle_client import Backend, Limiter, MemoryBackend, Rate, RedisBackend, SQLiteBackend
+from throttle_client._flow import run
 from throttle_client.cli import live, top
 
 TOKEN = "ghp_top_test_token_41b2"
@@ -145,3 +147,39 @@ def test_status_reads_the_rules_and_label_from_the_card(tmp_path: Path) -> None:
     assert "has no card" in unknown.stderr and "--rate" in unknown.stderr
     assert "never-used" not in unknown.stderr
     assert json.loads(given.stdout)["keys"][0]["label"] is None
+
+
+def test_top_reads_only_the_namespace_asked_and_names_a_pause_by_its_setter(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "limits.db"
+    with SQLiteBackend(path) as backend:
+        other = Limiter(backend, rates="5/minute", namespace="other")
+        for n in range(6):
+            other.try_acquire(f"{TOKEN}-{n}")
+        mine = Limiter(backend, rates="5/minute", namespace="mine")
+        mine.try_acquire(TOKEN)
+        # A 429's pause, then a longer one of the caller's: not "paused on Retry-After".
+        told = {"reason": "Retry-After", "source": "upstream", "refused": True}
+        run(mine._pause_flow(TOKEN, 2, mine._local(), **told), mine._perform)
+        mine.pause(TOKEN, 300)
+        look = json.loads(
+            cli(
+                "top", "--sqlite", str(path), "--json", "--namespace", "mine", "--scan-limit", "1"
+            ).stdout
+        )
+    (row,) = look["keys"]
+    assert (look["read"], look["truncated"]) == (1, False)  # the other 6 were not read
+    assert row["paused_for"] > 290 and row["reason"] is None and row["refused"] == 1
+
+
+def test_a_long_call_keeps_its_key_in_top(tmp_path: Path) -> None:
+    """A lease held past the key's windows: its renewals keep the key's card."""
+    backend = MemoryBackend()
+    capped = Limiter(backend, rates=[Rate(10, 0.1)], max_concurrent=2, lease_ttl=1)
+    with capped.lease(TOKEN):
+        time.sleep(1.5)  # ~4 renewals; the card alone would have lasted 0.2 s
+        # (The memory store reads cards at the time it last ran: a call on another key.)
+        Limiter(backend, rates="5/second").try_acquire("other key")
+        cards = [key for key, _ in backend.all_cards()]
+    assert capped.store_key(TOKEN) in cards

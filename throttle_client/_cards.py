@@ -48,8 +48,8 @@ def checked_label(value: object, key: str) -> str | None:
         raise ConfigurationError(
             f"label= must return 1 to {MAX_LABEL} characters, not {len(value)}"
         )
-    if not value.isprintable():
-        raise ConfigurationError("label= returned a label with unprintable characters")
+    if not value.isprintable() or not value.strip():
+        raise ConfigurationError("label= returned a label that is blank or not printable")
     return value
 
 
@@ -171,7 +171,14 @@ class Cards:
         known = self._labels.get(store_key)
         if known is not None or key is None:
             return known or None
-        value = checked_label(self._label(key), key)
+        try:
+            given = self._label(key)
+        except Exception as exc:  # (its message may hold the key: a KeyError's does)
+            raise ConfigurationError(
+                f"label= raised {type(exc).__name__} (a label function must return a "
+                "string, or None for no label of its own, for every key)"
+            ) from None
+        value = checked_label(given, key)
         with self._lock:
             self._labels[store_key] = value or ""
             if len(self._labels) > REMEMBERED:

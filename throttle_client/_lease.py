@@ -117,8 +117,16 @@ class _Held:
     def renew_flow(self) -> Any:
         """Renew the lease; and, should the renewal have crossed the release (the keeper
         renewed as the caller released), holding the lease again, release it again."""
+        # Each capped key's card lasts until the next renewal at least: a call in flight
+        # longer than the key's windows keeps its key in `throttle-client top`.
+        owners = [self.limiter, *(entry[0] for entry in self.also)]
+        cards = tuple(
+            card
+            for index in leases.capped(self.charges)
+            for card in owners[index]._card_of(self.charges[index].key, 2 * self.every)
+        )
         kept = yield from self.limiter._end_flow(
-            self.charges, self.lease_id, self.limiter._local(), True
+            self.charges, self.lease_id, self.limiter._local(), True, cards
         )
         if self.renewed(kept):
             yield from self.release_flow()

@@ -316,8 +316,10 @@ class _LimiterCore:
         wall_us = 0 if self._offsets.fixed else round(self._wall() * US)
         return (spec_for(store_key, self._history, self._offsets, wall_us),)
 
-    def _card_of(self, store_key: str) -> tuple[StoreCard, ...]:
-        return (StoreCard(store_key, self._cards.text(store_key), self._card_ttl_us),)
+    def _card_of(self, store_key: str, at_least: float = 0.0) -> tuple[StoreCard, ...]:
+        """The key's card, to last its TTL, and ``at_least`` seconds (a lease's)."""
+        ttl_us = max(self._card_ttl_us, round(at_least * US))
+        return (StoreCard(store_key, self._cards.text(store_key), ttl_us),)
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` with every :class:`~throttle_client.Event` of this limiter
@@ -696,10 +698,19 @@ class _LimiterCore:
         return self._waiting_flow(key, cost, timeout, now, also=also, lease_id=lease_id)
 
     def _end_flow(
-        self, charges: tuple[Charge, ...], lease_id: str, now: float, renew: bool
+        self,
+        charges: tuple[Charge, ...],
+        lease_id: str,
+        now: float,
+        renew: bool,
+        cards: tuple[StoreCard, ...] = (),
     ) -> Flow[bool]:
-        """Renew a lease (False: it had been lost, and is held again) or release it."""
-        op = (Renew if renew else Release)(charges, lease_id, now_us=self._at(now))
+        """Renew a lease (False: it had been lost, and is held again) or release it;
+        ``cards``: what a renewal keeps alive of its keys' cards."""
+        if renew:
+            op: Renew | Release = Renew(charges, lease_id, now_us=self._at(now), cards=cards)
+        else:
+            op = Release(charges, lease_id, now_us=self._at(now))
         kept, _, _ = yield from self._execute_flow(op, now)
         return bool(kept) if renew else True
 

@@ -250,14 +250,20 @@ class Sinks:
         owner: Any,
         make: Callable[[], Record],
         target: Any,
-        top_keys: int,
-        top_routes: int,
+        top_keys: int | None,
+        top_routes: int | None,
     ) -> Callable[[], None]:
-        """Count ``target``'s limiters into ``owner``'s Sink; returns what stops it."""
+        """Count ``target``'s limiters into ``owner``'s Sink; returns what stops it. Bounds
+        of None: the Sink's (TOP_KEYS, TOP_ROUTES for a new one)."""
         with self._lock:
             sink = self._sinks.get(owner)
             if sink is None:
-                sink = self._sinks[owner] = Sink(make, top_keys, top_routes)
+                keys = TOP_KEYS if top_keys is None else top_keys
+                routes = TOP_ROUTES if top_routes is None else top_routes
+                sink = self._sinks[owner] = Sink(make, keys, routes)
             else:
-                sink.check(top_keys, top_routes)
+                sink.check(
+                    sink.bounds[0] if top_keys is None else top_keys,
+                    sink.bounds[1] if top_routes is None else top_routes,
+                )
         return sink.attach(target)

@@ -30,8 +30,6 @@ from ._metrics import (
     GAUGE,
     HISTOGRAM,
     INSTRUMENTS,
-    TOP_KEYS,
-    TOP_ROUTES,
     WAIT_BUCKETS,
     Instrument,
     Record,
@@ -80,14 +78,14 @@ def instrument(
     target: Any,
     *,
     meter: otel_metrics.Meter | None = None,
-    top_keys: int = TOP_KEYS,
-    top_routes: int = TOP_ROUTES,
+    top_keys: int | None = None,
+    top_routes: int | None = None,
 ) -> Callable[[], None]:
     """Record what ``target`` (a limiter, or a throttled transport or client: every
     limiter it uses) does with ``meter`` (the global meter provider's "throttle_client"
     meter if None). Returns the function that stops recording it. A limiter already
     recorded with that meter is not recorded twice; the first call for a meter sets its
-    bounds."""
+    bounds (100 each by default); a later one may leave them out, or must give the same."""
     if meter is not None:
         return _sinks.attach(meter, lambda: _recorder(meter), target, top_keys, top_routes)
     provider = otel_metrics.get_meter_provider()

@@ -34,8 +34,6 @@ from ._metrics import (
     GAUGE,
     HISTOGRAM,
     INSTRUMENTS,
-    TOP_KEYS,
-    TOP_ROUTES,
     WAIT_BUCKETS,
     Instrument,
     Record,
@@ -83,13 +81,14 @@ def instrument(
     target: Any,
     *,
     registry: CollectorRegistry | None = None,
-    top_keys: int = TOP_KEYS,
-    top_routes: int = TOP_ROUTES,
+    top_keys: int | None = None,
+    top_routes: int | None = None,
 ) -> Callable[[], None]:
     """Count what ``target`` (a limiter, or a throttled transport or client: every
     limiter it uses) does in ``registry`` (prometheus_client's default one if None).
     Returns the function that stops counting it. A limiter already counted in that
-    registry is not counted twice; the first call for a registry sets its bounds."""
+    registry is not counted twice; the first call for a registry sets its bounds
+    (100 each by default); a later one may leave them out, or must give the same."""
     registry = REGISTRY if registry is None else registry
     make = functools.partial(_recorder, registry)
     return _sinks.attach(registry, make, target, top_keys, top_routes)

@@ -284,6 +284,8 @@ class _OnLease:
     charges: tuple[Charge, ...]
     lease_id: str
     now_us: int | None = None
+    # A renewal's: a call in flight longer than its keys' windows keeps their cards.
+    cards: tuple[StoreCard, ...] = ()
 
     @property
     def key(self) -> str:
@@ -336,6 +338,12 @@ class Pause(Op[int]):
     cards: tuple[StoreCard, ...] = ()  # as Acquire's: a pause outlasts the card's TTL
 
 
+def namespace_prefix(namespace: str | None) -> str:
+    """What the store keys of ``namespace`` begin with ("" for any): ``<namespace>:{``
+    (a namespace holds no brace, so no other namespace's keys begin so)."""
+    return "" if namespace is None else f"{namespace}:{{"
+
+
 def history_cost(op: Acquire | AcquireAll, store_key: str) -> int:
     """The cost a call charges to ``store_key``, one of its keys (its usage history)."""
     if isinstance(op, Acquire):
@@ -356,6 +364,7 @@ class Pushback(NamedTuple):
 
     reason: str | None
     refused: int
+    until: float | None = None  # the end of that pause (epoch seconds), to match it
 
 
 def pushback_step(now_us: int) -> int:
@@ -368,11 +377,29 @@ def refused_lately(steps: dict[int, int], now_us: int) -> int:
     return sum(n for step, n in steps.items() if newest - PUSHBACK_STEPS < step <= newest)
 
 
+def pushed_back(
+    record: tuple[str, int, dict[int, int]], op: Pause, pause_until: int, now: int
+) -> tuple[str, int, dict[int, int]]:
+    """A key's pushback as a store keeps it (the reason of the transports' pause in
+    force, its end, the refusals per step), after a transport's pause ``op`` at ``now``
+    that left ``pause_until`` in force."""
+    reason, until, steps = record
+    if op.reason and pause_until == now + op.duration_us:  # (this pause is in force)
+        reason, until = op.reason, pause_until
+    if op.refused:
+        step = pushback_step(now)
+        steps = {s: n for s, n in steps.items() if s > step - PUSHBACK_STEPS}
+        steps[step] = steps.get(step, 0) + 1
+    return reason, until, steps
+
+
 def pushback_at(reason: str, until_us: int, steps: dict[int, int], now_us: int) -> Pushback | None:
     """A key's pushback as it stands at ``now_us``, from what a store keeps (the reason
     of the transports' pause, its end, the refusals per step); None if nothing holds."""
-    said = Pushback(reason if until_us > now_us and reason else None, refused_lately(steps, now_us))
-    return said if said.reason or said.refused else None
+    if until_us > now_us and reason:
+        return Pushback(reason, refused_lately(steps, now_us), until_us / 1e6)
+    said = Pushback(None, refused_lately(steps, now_us))
+    return said if said.refused else None
 
 
 @dataclass(frozen=True)
@@ -460,9 +487,10 @@ class Backend(abc.ABC):
         that have one."""
         raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
 
-    def all_cards(self) -> Iterator[tuple[str, str]]:
-        """Every key's card in the store (store key, card), read in steps of bounded
-        cost, in no order; a key written meanwhile may be missed or given twice."""
+    def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
+        """Every key's card in the store (store key, card), of ``namespace`` or of any,
+        read in steps of bounded cost, in no order; a key written meanwhile may be
+        missed or given twice."""
         raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
 
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:

@@ -9,7 +9,6 @@ from typing import TypeVar, cast
 
 from . import history, leases
 from .base import (
-    PUSHBACK_STEPS,
     Acquire,
     AcquireAll,
     Backend,
@@ -22,8 +21,9 @@ from .base import (
     Verdict,
     history_cost,
     host_clock,
+    namespace_prefix,
     pushback_at,
-    pushback_step,
+    pushed_back,
     refused_lately,
 )
 from .sliding_log import Coarse
@@ -273,14 +273,8 @@ class MemoryBackend(Backend):
         return log
 
     def _push_back(self, op: Pause, pause_until: int, now: int) -> None:
-        reason, until, steps = self._pushback.get(op.key, ("", 0, {}))
-        if op.reason and pause_until == now + op.duration_us:  # (this pause is in force)
-            reason, until = op.reason, pause_until
-        if op.refused:
-            step = pushback_step(now)
-            steps = {s: n for s, n in steps.items() if s > step - PUSHBACK_STEPS}
-            steps[step] = steps.get(step, 0) + 1
-        self._pushback[op.key] = (reason, until, steps)
+        record = self._pushback.get(op.key, ("", 0, {}))
+        self._pushback[op.key] = pushed_back(record, op, pause_until, now)
 
     def _sweep(self, now: int) -> None:
         for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
@@ -313,10 +307,13 @@ class MemoryBackend(Backend):
                 told[key] = said
         return told
 
-    def all_cards(self) -> Iterator[tuple[str, str]]:
+    def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
+        prefix = namespace_prefix(namespace)
         with self._lock:
             now, every = self._seen, list(self._cards.items())
-        return iter([(key, text) for key, (text, expires) in every if expires > now])
+        return iter(
+            [(k, text) for k, (text, expires) in every if expires > now and k.startswith(prefix)]
+        )
 
     def to_async(self) -> InlineAsync:
         """What AsyncLimiter uses: the same store, called inline (it never blocks)."""

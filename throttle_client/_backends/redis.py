@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import re
 import threading
 import time
 import warnings
@@ -53,6 +54,7 @@ from .base import (
     Snapshot,
     StoreCard,
     Verdict,
+    namespace_prefix,
     pushback_at,
 )
 from .batching import Batcher, Send, Wait
@@ -647,24 +649,31 @@ class RedisBackend(Backend):
             if isinstance(runner, redis.Redis):
                 runner.connection_pool.disconnect()  # a pool we gave it is not closed with it
 
-    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
-        keys = list(store_keys)
+    def _each(self, command: str, names: list[bytes]) -> list[Any]:
+        """``command`` on each of ``names``, pipelined (a Cluster's pipeline sends each
+        to its node): what an operator's read of many keys costs, one round trip."""
         try:
             pipe = (self._runner or self._connect()).pipeline(transaction=False)
-            for key in keys:
-                pipe.get(card_key(key))
-            found = pipe.execute()
+            for name in names:
+                getattr(pipe, command)(name)
+            return list(pipe.execute())
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
+
+    def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
+        keys = list(store_keys)
+        found = self._each("get", [card_key(key) for key in keys])
         return {key: _text(card) for key, card in zip(keys, found, strict=True) if card}
 
-    def all_cards(self) -> Iterator[tuple[str, str]]:
+    def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
         """As :meth:`Backend.all_cards`: SCAN (never KEYS), CARDS_STEP keys per step, on
-        every primary of a Cluster."""
+        every primary of a Cluster, matching the namespace's keys only."""
+        prefix = re.sub(r"([*?\[\]\\])", r"\\\1", namespace_prefix(namespace))
+        match = f"tc:{prefix}*:card".encode()
         try:
             runner = self._runner or self._connect()
             names: list[bytes] = []
-            for name in runner.scan_iter(match=b"tc:*:card", count=CARDS_STEP):
+            for name in runner.scan_iter(match=match, count=CARDS_STEP):
                 names.append(name.encode() if isinstance(name, str) else name)
                 if len(names) == CARDS_STEP:
                     yield from self._read_cards(names)
@@ -675,13 +684,7 @@ class RedisBackend(Backend):
 
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
         keys = list(store_keys)
-        try:
-            pipe = (self._runner or self._connect()).pipeline(transaction=False)
-            for key in keys:
-                pipe.hgetall(pushback_key(key))
-            found = pipe.execute()
-        except DRIVER_ERRORS as exc:
-            raise translate(exc) from exc
+        found = self._each("hgetall", [pushback_key(key) for key in keys])
         now, told = int(time.time() * 1_000_000), {}
         for key, fields in zip(keys, found, strict=True):
             record = {_text(name): _text(value) for name, value in fields.items()}

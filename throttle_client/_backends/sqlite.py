@@ -59,8 +59,9 @@ from .base import (
     Verdict,
     history_cost,
     host_clock,
+    namespace_prefix,
     pushback_at,
-    pushback_step,
+    pushed_back,
 )
 from .doorbell import Doorbell
 
@@ -192,7 +193,10 @@ _CARD = (
     "DO UPDATE SET card = excluded.card, expires_at = max(expires_at, excluded.expires_at)"
 )
 _CARDS_OF = "SELECT key, card FROM tc_cards WHERE key = ? AND expires_at > ?"
-_ALL_CARDS = "SELECT key, card FROM tc_cards WHERE key > ? AND expires_at > ? ORDER BY key LIMIT ?"
+_ALL_CARDS = (
+    "SELECT key, card FROM tc_cards WHERE key > ? AND key < ? AND expires_at > ? "
+    "ORDER BY key LIMIT ?"
+)
 _EXPIRED_CARDS = (
     "DELETE FROM tc_cards WHERE key IN (SELECT key FROM tc_cards WHERE expires_at <= ? LIMIT ?)"
 )
@@ -899,13 +903,16 @@ class SQLiteBackend(Backend):
                 told[row[0]] = said
         return told
 
-    def all_cards(self) -> Iterator[tuple[str, str]]:
+    def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
         """As :meth:`Backend.all_cards`: CARDS_STEP cards per read, by key."""
-        after, now = "", int(self._clock() * 1_000_000)
+        prefix = namespace_prefix(namespace)
+        # (Keys of the namespace sort from its prefix up to the prefix with "{" made "|".)
+        after, end = prefix, (prefix[:-1] + "|" if prefix else "\U0010ffff")
+        now = int(self._clock() * 1_000_000)
         while True:
             try:
                 db = self._connection().db
-                rows = db.execute(_ALL_CARDS, (after, now, CARDS_STEP)).fetchall()
+                rows = db.execute(_ALL_CARDS, (after, end, now, CARDS_STEP)).fetchall()
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
             yield from rows
@@ -1003,13 +1010,8 @@ def _fields(text: str) -> dict[str, int]:
 def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:
     """Keep what a transport's pause says (base.Pushback), in the pause's transaction."""
     row = db.execute(_PUSHBACK_OF, (op.key,)).fetchone()
-    reason, until, steps = ("", 0, {}) if row is None else (row[1], row[2], _steps(row[3]))
-    if op.reason and pause_until == now + op.duration_us:  # (this pause is in force)
-        reason, until = op.reason, pause_until
-    if op.refused:
-        step = pushback_step(now)
-        steps = {s: n for s, n in steps.items() if s > step - PUSHBACK_STEPS}
-        steps[step] = steps.get(step, 0) + 1
+    record = ("", 0, {}) if row is None else (row[1], row[2], _steps(row[3]))
+    reason, until, steps = pushed_back(record, op, pause_until, now)
     expires = max(until, now + (PUSHBACK_STEPS + 1) * PUSHBACK_STEP_US)
     db.execute(_PUSH_BACK, (op.key, reason, until, json.dumps(list(steps.items())), expires))
 

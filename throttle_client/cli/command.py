@@ -51,7 +51,14 @@ SECRET_ENV = "THROTTLE_CLIENT_KEY_SECRET"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
 
-_CLUSTER_HELP = "the Redis URL is a node of a Redis Cluster"
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    """--redis URL | --sqlite PATH (one of them), and --cluster."""
+    store = parser.add_mutually_exclusive_group(required=True)
+    store.add_argument("--redis", metavar="URL", help="the Redis the limiters use")
+    store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiters use")
+    parser.add_argument(
+        "--cluster", action="store_true", help="the Redis URL is a node of a Redis Cluster"
+    )
 
 
 class _UsageError(Exception):
@@ -222,14 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         "limiters that use it) with SCAN in steps of bounded cost, never KEYS, on a Redis "
         "Cluster too, and changes nothing.",
     )
-    store = top.add_mutually_exclusive_group(required=True)
-    store.add_argument("--redis", metavar="URL", help="the Redis the limiters use")
-    store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiters use")
-    top.add_argument("--cluster", action="store_true", help=_CLUSTER_HELP)
+    _store_arguments(top)
     top.add_argument("--namespace", help="only the keys of this namespace (default: all)")
     top.add_argument("--json", action="store_true", help="print one look as JSON, and stop")
     top.add_argument(
-        "--rows", type=_count, default=20, metavar="N", help="keys shown (default %(default)s)"
+        "--rows", type=_positive, default=20, metavar="N", help="keys shown (default %(default)s)"
     )
     top.add_argument(
         "--interval",
@@ -246,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the most keys read per look (default %(default)s)",
     )
     top.add_argument(
-        "--iterations", type=_count, metavar="N", help="stop after N looks (default: Ctrl-C)"
+        "--iterations", type=_positive, metavar="N", help="stop after N looks (default: Ctrl-C)"
     )
 
     for name, summary in (
@@ -262,10 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
             "To keep tokens out of shell history, pass '-' to read keys from standard input "
             "(one per line) or --key-env NAME to read one from an environment variable.",
         )
-        store = sub.add_mutually_exclusive_group(required=True)
-        store.add_argument("--redis", metavar="URL", help="the Redis the limiter uses")
-        store.add_argument("--sqlite", metavar="PATH", help="the SQLite file the limiter uses")
-        sub.add_argument("--cluster", action="store_true", help=_CLUSTER_HELP)
+        _store_arguments(sub)
         sub.add_argument(
             "--namespace", default="default", help="the limiter's namespace (default %(default)s)"
         )
@@ -293,17 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--min-interval",
                 type=_seconds(0, inclusive=True),
-                default=0.0,
                 metavar="SECONDS",
-                help="the limiter's minimum interval (with --rate)",
+                help="the limiter's minimum interval (with --rate; default 0)",
             )
             sub.add_argument(
                 "--margin",
                 type=_seconds(0, inclusive=True),
-                default=_demo.DEFAULT_MARGIN,
                 metavar="SECONDS",
-                help="the limiter's margin (with --rate; default %(default)s): it widens "
-                "the windows",
+                help=f"the limiter's margin (with --rate; default {_demo.DEFAULT_MARGIN}): "
+                "it widens the windows",
             )
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         if name == "history":
@@ -351,6 +350,10 @@ def _label(number: int, hashed: str) -> dict[str, str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.rate is None and (args.min_interval is not None or args.margin is not None):
+        raise _UsageError(
+            "--min-interval and --margin go with --rate: without it, the card's rules apply"
+        )
     keys = _keys(args)
     tag = None if args.tag is None else (lambda _key: args.tag)
     with _open_store(args) as backend:
@@ -362,14 +365,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             card = cards.get(hashed_key)
             rules: tuple[list[Any], float, float, int | None]
             if args.rate is not None:
-                rules = (args.rate, args.min_interval, args.margin, None)
+                gap = 0.0 if args.min_interval is None else args.min_interval
+                margin = _demo.DEFAULT_MARGIN if args.margin is None else args.margin
+                rules = (args.rate, gap, margin, None)
             elif card is not None:
                 rules = (list(card.rates), card.min_interval, card.margin, card.max_concurrent)
             else:
                 raise _UsageError(
-                    f"key {number} has no card in the store that this version can read (no "
-                    "limiter of this version used it within its longest window, or the "
-                    "card is damaged): pass its rates with --rate"
+                    f"key {number} has no card in the store that this version can read: "
+                    "no limiter used it within its longest window (is --namespace right? "
+                    f"the key secret in ${SECRET_ENV}?), or its card is damaged; pass its "
+                    "rates with --rate"
                 )
             rates, gap, margin, cap = rules
             limiter = Limiter(
@@ -403,6 +409,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "next_slot_in": round(usage.next_slot_in, 6),
                 "paused_for": round(usage.paused_for, 6),
                 "paused_until": usage.paused_until,
+                "in_flight": usage.in_flight,  # a capped key: calls in flight, queued
+                "waiting": usage.waiting,
                 "learned": None
                 if usage.learned is None
                 else {
@@ -434,6 +442,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  next free slot: {'now' if wait == 0 else f'in {wait:.3f} s'}")
         paused = entry["paused_for"]
         print(f"  paused: {'no' if paused == 0 else f'for {paused:.3f} s more'}")
+        if entry["in_flight"] is not None:
+            print(f"  in flight: {entry['in_flight']}, queued: {entry['waiting']}")
     return EXIT_OK
 
 

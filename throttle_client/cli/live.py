@@ -105,7 +105,8 @@ def top_view(view: top.Look, rows: int) -> Group:
             else "-",
             Text(str(row.refused), style="bold red" if row.refused else ""),
             str(row.booked),
-            "  ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates),
+            "  ".join(f"{r.used}+{r.booked}/{r.limit} per {r.rate}" for r in row.rates)
+            + ("" if row.learned is None else f"  learned {row.learned[0]}/{row.learned[1]}"),
             f"{row.in_flight}/{row.max_concurrent} ({row.waiting} queued)"
             if row.max_concurrent
             else "-",

@@ -37,6 +37,7 @@ class KeyRow:
     rates: tuple[RateRow, ...]
     fullness: float  # the most of any limit used or booked (1.0: at the limit)
     paused_for: float  # seconds of a pause in force (0: none)
+    paused_until: float  # its end, epoch seconds (0: none)
     reason: str | None  # why, when a transport set it: the header, or "backoff"
     refused: int  # the calls the upstream refused (429) in the last minute
     booked: int  # units booked ahead: calls waiting for their slots
@@ -64,7 +65,7 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
     of any, and each key's usage under its rules."""
     limiters: dict[Card, Limiter] = {}  # one per set of rules
     rows, read, unreadable, truncated = [], 0, 0, False
-    for store_key, text in backend.all_cards():
+    for store_key, text in backend.all_cards(namespace):
         if read == scan_limit:
             truncated = True
             break
@@ -95,7 +96,10 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
     for number, row in enumerate(rows):
         said = told.get(row.store_key)
         if said is not None:
-            reason = said.reason if row.paused_for else None
+            # The reason holds if the pause in force is the transport's (not a caller's
+            # longer one, set since).
+            ends = said.until is not None and abs(said.until - row.paused_until) < 0.001
+            reason = said.reason if row.paused_for and ends else None
             rows[number] = dataclasses.replace(row, reason=reason, refused=said.refused)
     rows.sort(key=lambda row: (row.paused_for > 0, row.fullness, row.booked), reverse=True)
     return Look(tuple(rows), read, unreadable, truncated)
@@ -118,6 +122,7 @@ def _row(store_key: str, card: Card, limiter: Limiter) -> KeyRow:
         rates=rates,
         fullness=round(max(shares), 6),
         paused_for=round(usage.paused_for, 6),
+        paused_until=usage.paused_until or 0.0,
         reason=None,
         refused=0,
         booked=rates[0].booked,
@@ -156,7 +161,7 @@ def footer(view: Look, rows: int) -> str:
     shown = min(rows, len(view.keys))
     parts = [f"{shown} of {len(view.keys)} keys shown"]
     if view.truncated:
-        parts.append(f"stopped after reading {view.read} keys (--scan-limit)")
+        parts.append(f"stopped after reading {view.read} key(s) (--scan-limit)")
     if view.unreadable:
         parts.append(f"{view.unreadable} cards of another version skipped")
     return "; ".join(parts)
