@@ -173,6 +173,16 @@ def test_a_bad_label_is_refused_and_never_shows_the_key(
     assert list(store.all_cards()) == []  # nothing half-written
 
 
+def test_a_label_error_carries_nothing_of_the_first() -> None:
+    limiter = Limiter(MemoryBackend(), rates="5/second", label={"known": "acct"}.__getitem__)
+    with pytest.raises(ConfigurationError) as raised:
+        limiter.try_acquire(TOKEN)
+    assert raised.value.__cause__ is None and raised.value.__context__ is None
+    # A card whose label is not known here (past the keys a limiter remembers) is not
+    # written: it would erase the label another worker wrote.
+    assert limiter._card_of("default:{never-asked}") == ()
+
+
 def test_a_label_of_none_is_the_hashs_label() -> None:
     store = MemoryBackend()
     accounts = {"ghp_known_token": "account 42"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -25,9 +26,11 @@ from throttle_client import (
 )
 from throttle_client._backends.base import Acquire
 from throttle_client._backends.history import HistorySpec
+from throttle_client._history import Offsets
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_history_test_token_3c7a"
+README = Path(__file__).resolve().parent.parent / "README.md"
 LA = "America/Los_Angeles"
 
 
@@ -204,3 +207,42 @@ def test_spec_names_the_offset_in_force() -> None:
     assert limiter._offsets.at(round(winter * 1e6)) == -8 * hour
     assert limiter._offsets.at(round(summer * 1e6)) == -7 * hour
     assert isinstance(limiter._history_of("k")[0], HistorySpec)
+
+
+def test_an_offset_that_changes_on_a_half_hour_is_seen_at_once() -> None:
+    """Adelaide leaves summer time at 16:30 UTC (2025-04-05): asked at 16:10 and again at
+    16:40, the offset is +10:30 then +9:30 (not kept for the UTC hour)."""
+    offsets = Offsets("Australia/Adelaide")
+    at = dt.datetime(2025, 4, 5, 16, 10, tzinfo=dt.timezone.utc).timestamp()
+    hour = 3_600_000_000
+    assert offsets.at(round(at * 1e6)) == 10.5 * hour
+    assert offsets.at(round((at + 30 * 60) * 1e6)) == 9.5 * hour
+
+
+def test_a_damaged_sqlite_history_starts_again_and_fails_no_call(tmp_path: Path) -> None:
+    store = SQLiteBackend(tmp_path / "limits.db")
+    limiter = Limiter(store, rates="10/second")
+    assert limiter.try_acquire(TOKEN).allowed
+    store._connection().db.execute('UPDATE tc_history SET fields = \'{"hx": 1, "h1": 2}\'')
+    assert limiter.try_acquire(TOKEN).allowed  # no error: the odd field is left out
+    assert [p.calls for p in limiter.history(TOKEN).days] == [1]
+    store.close()
+
+
+def test_a_history_it_cannot_prune_still_expires(redis_url: str) -> None:
+    """A user whose ACL allows HINCRBY but not HKEYS: the hash still gets its TTL."""
+    admin = redis.Redis.from_url(redis_url)
+    line = re.search(r"^ACL SETUSER .+$", README.read_text(), re.MULTILINE)
+    assert line is not None
+    words = [w for w in line.group(0).split()[2:] if w != "+hkeys"]
+    user, rules = words[0], [">pw" if w.startswith(">") else w for w in words[1:]]
+    admin.execute_command("ACL", "SETUSER", user, "reset", *rules)
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:pw@")
+        limiter = Limiter(RedisBackend(url), rates="10/second")
+        assert limiter.try_acquire(TOKEN).allowed  # the booking stands
+        assert admin.pttl(f"tc:{limiter.store_key(TOKEN)}:history") > 0
+        limiter.backend.close()  # type: ignore[attr-defined]
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()

@@ -171,19 +171,26 @@ class Cards:
         known = self._labels.get(store_key)
         if known is not None or key is None:
             return known or None
+        failed = None
         try:
             given = self._label(key)
         except Exception as exc:  # (its message may hold the key: a KeyError's does)
+            failed = type(exc).__name__
+        if failed is not None:  # (raised out here: nothing of the first is attached)
             raise ConfigurationError(
-                f"label= raised {type(exc).__name__} (a label function must return a "
-                "string, or None for no label of its own, for every key)"
-            ) from None
+                f"label= raised {failed} (a label function must return a string, or None "
+                "for no label of its own, for every key)"
+            )
         value = checked_label(given, key)
         with self._lock:
             self._labels[store_key] = value or ""
             if len(self._labels) > REMEMBERED:
                 self._labels.popitem(last=False)
         return value
+
+    def known(self, store_key: str) -> bool:
+        """Whether the key's label is known here (always, without a label function)."""
+        return self._label is None or store_key in self._labels
 
     def text(self, store_key: str) -> str:
         """The card of a key whose label was asked (``label``)."""

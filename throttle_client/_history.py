@@ -8,7 +8,7 @@ import datetime as dt
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ._backends.history import HOUR_US, OFFSET, HistorySpec
+from ._backends.history import OFFSET, HistorySpec
 from ._errors import ConfigurationError
 
 US = 1_000_000
@@ -102,27 +102,30 @@ def _start(grain: str, period: int, tz: dt.tzinfo) -> dt.datetime:
     return local.replace(tzinfo=tz)
 
 
+STEP_US = 15 * 60 * US  # offsets change on a quarter hour of UTC at most (Adelaide: :30)
+
+
 class Offsets:
     """A zone's offset from UTC at a time, for the store to count in local periods;
-    asked again once per hour of the clock (an offset changes on the hour)."""
+    asked again once per quarter hour of UTC (no zone changes its offset between two)."""
 
     def __init__(self, zone: str) -> None:
         self.zone = zone
         self._tz = None if zone == "UTC" else zone_of(zone)
         self.fixed = self._tz is None  # its offset never changes (UTC: 0)
-        # The hour last asked about (µs since the epoch // HOUR_US) and its offset (µs),
-        # replaced whole: no lock needed.
+        # The quarter hour last asked about (µs since the epoch // STEP_US) and its
+        # offset (µs), replaced whole: no lock needed.
         self._known: tuple[int, int] | None = None
 
     def at(self, epoch_us: int) -> int:
         if self._tz is None:
             return 0
-        hour, known = epoch_us // HOUR_US, self._known
-        if known is not None and known[0] == hour:
+        step, known = epoch_us // STEP_US, self._known
+        if known is not None and known[0] == step:
             return known[1]
         delta = dt.datetime.fromtimestamp(epoch_us / US, self._tz).utcoffset()
         offset = round((delta or dt.timedelta(0)).total_seconds() * US)
-        self._known = (hour, offset)
+        self._known = (step, offset)
         return offset
 
 

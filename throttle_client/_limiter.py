@@ -318,6 +318,8 @@ class _LimiterCore:
 
     def _card_of(self, store_key: str, at_least: float = 0.0) -> tuple[StoreCard, ...]:
         """The key's card, to last its TTL, and ``at_least`` seconds (a lease's)."""
+        if not self._cards.known(store_key):  # (a card without its label: not written)
+            return ()
         ttl_us = max(self._card_ttl_us, round(at_least * US))
         return (StoreCard(store_key, self._cards.text(store_key), ttl_us),)
 
@@ -1255,7 +1257,8 @@ class Limiter(_LimiterCore):
 
     def history(self, key: str) -> UsageHistory:
         """``key``'s use per hour, day and month, as the store counted it (see
-        :class:`~throttle_client.History`); empty if the limiter keeps none."""
+        :class:`~throttle_client.History`), by every limiter that counts on the key; one
+        that keeps none places the periods at the offset they were counted at."""
         return run(self._history_flow(self.store_key(key), self._local()), self._perform)
 
     def _usage_of(self, store_key: str) -> Usage:

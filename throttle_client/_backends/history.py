@@ -18,12 +18,14 @@ in the windows.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
 GRAINS = ("h", "d", "m")  # hour, day, month: each one's calls field prefix
+FIELD = re.compile(r"^[hdmHDM]-?\d+$")  # a period's field, as the script too reads one
 OFFSET = "o"  # the field of the zone's offset from UTC (µs) the newest call was counted in
 
 
@@ -59,12 +61,12 @@ def counted(slot_us: int, cost: int, offset_us: int) -> Iterator[tuple[str, int]
 def record(fields: dict[str, int], spec: HistorySpec, slot_us: int, cost: int) -> None:
     """Count a call in ``fields`` (a key's history as a store keeps it), dropping the
     periods that fall out of what is kept when a new one begins; ``o`` holds the offset
-    counted in, for a reader that does not know the zone."""
-    fields[OFFSET] = spec.offset_us
+    counted in (set when a period begins), for a reader that does not know the zone."""
     for name, n in counted(slot_us, cost, spec.offset_us):
         fresh = name not in fields
         fields[name] = fields.get(name, 0) + n
         if fresh and name[0] in GRAINS:
+            fields[OFFSET] = spec.offset_us  # (as the script: when a period begins)
             keep = spec.keep[GRAINS.index(name[0])]
             oldest = int(name[1:]) - keep
             for old in [f for f in fields if f[0].lower() == name[0] and int(f[1:]) <= oldest]:

@@ -906,8 +906,9 @@ class SQLiteBackend(Backend):
     def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
         """As :meth:`Backend.all_cards`: CARDS_STEP cards per read, by key."""
         prefix = namespace_prefix(namespace)
-        # (Keys of the namespace sort from its prefix up to the prefix with "{" made "|".)
-        after, end = prefix, (prefix[:-1] + "|" if prefix else "\U0010ffff")
+        # (Keys of the namespace sort from its prefix up to the prefix with "{" made "|";
+        # with none, a bound past every key: the longest code point, repeated.)
+        after, end = prefix, (prefix[:-1] + "|" if prefix else "\U0010ffff" * 1024)
         now = int(self._clock() * 1_000_000)
         while True:
             try:
@@ -1002,7 +1003,8 @@ def _fields(text: str) -> dict[str, int]:
     """A stored history's fields; a damaged one begins again (never an error)."""
     try:
         fields = json.loads(text)
-        return {str(name): int(n) for name, n in fields.items()}
+        kept = {str(name): int(n) for name, n in fields.items()}
+        return {k: n for k, n in kept.items() if k == history.OFFSET or history.FIELD.match(k)}
     except (ValueError, TypeError, AttributeError):
         return {}
 

@@ -653,6 +653,9 @@ local function count_history(h, slot, cost)
   local ids, fresh = {math.floor(here / HOUR), day, month_of(day)}, false
   for i = 1, 3 do
     if redis.call('HINCRBY', h.key, format('%s%d', GRAINS[i], ids[i]), 1) == 1 then
+      if not fresh then -- (the TTL first: a prune that fails leaves no hash without one)
+        redis.call('PEXPIRE', h.key, format('%d', h.ttl))
+      end
       fresh = true -- a new period: the one past what is kept goes
       forget_before(h.key, GRAINS[i], ids[i] - h.keep[i])
     end
@@ -660,9 +663,8 @@ local function count_history(h, slot, cost)
       redis.call('HINCRBY', h.key, format('%s%d', string.upper(GRAINS[i]), ids[i]), cost - 1)
     end
   end
-  if fresh then -- (an hour begins: the offset it is counted at; the TTL renewed)
+  if fresh then -- (a period begins: the offset it is counted at)
     redis.call('HSET', h.key, 'o', format('%d', h.offset)) -- (history.py's OFFSET)
-    redis.call('PEXPIRE', h.key, format('%d', h.ttl))
   end
 end
 
