@@ -211,6 +211,10 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
+        if op.history:  # its usage history in its own arguments (no batch item: _inline)
+            lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
+            args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
+            return (*keys, history_key(op.key)), args + _history_args(op.history[0])
         if op.mark_us >= 0:
             lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
             return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
@@ -372,7 +376,7 @@ def encode_batch(
     items: list[tuple[tuple[bytes, ...], tuple[bytes | str, ...]]] = []
     for op, queued_us in zip(ops, waits, strict=True):
         now = b"-" if op.now_us is None else b"%d" % op.now_us
-        items += [_history_item(spec, now) for spec in getattr(op, "history", ())]
+        items += [_history_item(spec, now) for spec in _declared(op)]
         items.append(encode(op, queued_us))
         items += [_card_item(card, now) for card in getattr(op, "cards", ())]
     if len(items) == 1:
@@ -396,15 +400,26 @@ def _packed(args: tuple[bytes | str, ...]) -> bytes:
     return b"".join(_bin(a.encode()) if isinstance(a, str) else _bin(a) for a in args)
 
 
+def _declared(op: Op[Any]) -> tuple[HistorySpec, ...]:
+    """The histories an operation's call declares in items of their own, before it: a
+    stacked call's (an acquire carries its own in its arguments)."""
+    return () if isinstance(op, Acquire) else getattr(op, "history", ())
+
+
+@functools.lru_cache(maxsize=4096)
+def _history_args(spec: HistorySpec) -> tuple[bytes, ...]:
+    """What a usage history asks of the script: the periods kept, the offset, the TTL."""
+    ttl = history.kept_us(spec.keep) // 1000
+    return (*(b"%d" % n for n in spec.keep), b"%d" % spec.offset_us, b"%d" % ttl)
+
+
 @functools.lru_cache(maxsize=4096)
 def _history_item(
     spec: HistorySpec, now: bytes
 ) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
     """Where the operation after it counts its bookings (the script's "history")."""
-    keep = tuple(b"%d" % n for n in spec.keep)
-    ttl = b"%d" % (history.kept_us(spec.keep) // 1000)
     keys = (redis_keys(spec.key)[1], history_key(spec.key))
-    return keys, (b"history", b"-", now, *keep, b"%d" % spec.offset_us, ttl)
+    return keys, (b"history", b"-", now, *_history_args(spec))
 
 
 def _card_item(card: StoreCard, now: bytes) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
@@ -433,7 +448,7 @@ def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[A
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message."""
     # Per operation, the items that go before it (its history) and after it (its cards).
-    around = [(len(getattr(op, "history", ())), len(getattr(op, "cards", ()))) for op in ops]
+    around = [(len(_declared(op)), len(getattr(op, "cards", ()))) for op in ops]
     extra = sum(before + after for before, after in around)
     if len(ops) <= 1 and not extra:  # (none: a call that opened a connection: "")
         return [decode(ops[0], reply, notice)] if ops else []

@@ -617,10 +617,11 @@ end
 
 -- Usage history (throttle_client/_backends/history.py): per key, a hash H of the calls
 -- booked per hour, day and month local to a zone ("h" .. id, "d" .. id, "m" .. id) and
--- the units beyond one per call ("H", "D", "M"), the newest `keep` periods of each. A
--- batch item "history" (keys: M, H; argv: history, -, now, keep hours, days, months,
--- the zone's offset from UTC in µs, H's TTL in ms) goes before the operation whose
--- bookings it counts: book() counts each call it books, in the same step.
+-- the units beyond one per call ("H", "D", "M"), the newest `keep` periods of each. An
+-- acquire carries H as its third key and the history's arguments after its own; a
+-- stacked call's keys are declared by batch items "history" before it (keys: M, H;
+-- argv: history, -, now, then the same arguments). book() counts each call it books,
+-- in the same step.
 local histories -- M's name -> {key, keep, offset, ttl}, for this script call
 local HOUR, DAY = 3600000000, 86400000000
 local GRAINS = {'h', 'd', 'm'}
@@ -645,6 +646,16 @@ local function forget_before(key, grain, oldest) -- a grain's periods up to `old
       redis.call('HDEL', key, field)
     end
   end
+end
+
+-- Where the bookings of key M are counted in this call: H, and argv[at..at + 4] (the
+-- hours, days and months kept, the zone's offset in µs, H's TTL in ms); false if bad.
+local function declare_history(m_key, h_key, argv, at)
+  local h, d, m = whole(argv[at], 1), whole(argv[at + 1], 1), whole(argv[at + 2], 1)
+  local offset, ttl = tonumber(argv[at + 3]), whole(argv[at + 4], 1)
+  if not h or not d or not m or not offset or offset % 1 ~= 0 or not ttl then return false end
+  histories[m_key] = {key = h_key, keep = {h, d, m}, offset = offset, ttl = ttl}
+  return true
 end
 
 local function count_history(h, slot, cost)
@@ -811,12 +822,9 @@ local function run_one(keys, argv)
   end
 
   if op == 'history' then -- declares where the next operation's bookings are counted
-    local h, d, m = whole(argv[4], 1), whole(argv[5], 1), whole(argv[6], 1)
-    local offset, ttl = tonumber(argv[7]), whole(argv[8], 1)
-    if #keys ~= 2 or not h or not d or not m or not offset or offset % 1 ~= 0 or not ttl then
+    if #keys ~= 2 or not declare_history(keys[1], keys[2], argv, 4) then
       return fail('bad history')
     end
-    histories[keys[1]] = {key = keys[2], keep = {h, d, m}, offset = offset, ttl = ttl}
     return '1'
   end
   if op == 'card' then
@@ -1015,6 +1023,10 @@ local function run_one(keys, argv)
   local k = open(keys[1], keys[2], q)
 
   if op == 'acquire' then
+    -- A third key: its usage history, in argv[9..13] (lead and mark are then given).
+    if keys[3] and not declare_history(keys[2], keys[3], argv, 9) then
+      return fail('bad history')
+    end
     local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
     local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
     if not cost then return fail('bad cost ' .. tostring(argv[4])) end
