@@ -211,7 +211,7 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
-        if op.history:  # its usage history in its own arguments (no batch item: _inline)
+        if op.history:  # its usage history in its own arguments (no item: _declared)
             lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
             args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
             return (*keys, history_key(op.key)), args + _history_args(op.history[0])
