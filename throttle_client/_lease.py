@@ -101,7 +101,7 @@ class _Held:
             self._tell(RELEASED)
 
     def _tell(self, kind: str) -> None:
-        owners = [self.limiter, *(entry[0] for entry in self.also)]
+        owners = self.limiter._with(self.also)
         for index in leases.capped(self.charges):
             owner, charge = owners[index], self.charges[index]
             if owner._listeners:
@@ -119,7 +119,7 @@ class _Held:
         renewed as the caller released), holding the lease again, release it again."""
         # Each capped key's card lasts until the next renewal at least: a call in flight
         # longer than the key's windows keeps its key in `throttle-client top`.
-        owners = [self.limiter, *(entry[0] for entry in self.also)]
+        owners = self.limiter._with(self.also)
         cards = tuple(
             card
             for index in leases.capped(self.charges)

@@ -302,9 +302,13 @@ class _LimiterCore:
         """The key's card, if a decision made now is to write it."""
         return self._card_of(store_key) if self._cards.due(store_key, now) else ()
 
+    def _with(self, also: Also) -> list[_LimiterCore]:
+        """This limiter and its partners in a call, in the order of the call's keys."""
+        return [self, *(entry[0] for entry in also)]
+
     def _missed(self, op: Acquire | AcquireAll, also: Also) -> None:
         """The cards of a decision the store did not answer go with the next one."""
-        for limiter in (self, *(entry[0] for entry in also)):
+        for limiter in self._with(also):
             for card in op.cards:
                 limiter._cards.missed(card.key)
 
@@ -404,7 +408,7 @@ class _LimiterCore:
             return limiter._quota_at(now, store_now_us=store_now_us, around_us=around_us)
 
         if isinstance(op, AcquireAll):
-            owners = [self, *(entry[0] for entry in also)]
+            owners = self._with(also)
             charges = tuple(
                 dataclasses.replace(charge, quota=quota(owner))
                 for charge, owner in zip(op.charges, owners, strict=True)
@@ -466,7 +470,7 @@ class _LimiterCore:
         charges = self._charges(key, cost, also, now)
         if len(charges) > 1:
             self._together([charge.key for charge in charges])
-        owners = [self, *(entry[0] for entry in also)]
+        owners = self._with(also)
         cards = [
             c for o, ch in zip(owners, charges, strict=True) for c in o._cards_due(ch.key, now)
         ]
@@ -641,7 +645,7 @@ class _LimiterCore:
                     asked = now
                     try:
                         snap, from_store, now = yield from self._ask_flow(
-                            self._inspect_op(self.store_key(key), now), now
+                            self._inspect_op(op.key, now), now
                         )
                     except BackendUnavailable:  # the store went away: the slot stands
                         now = yield ReadClock()

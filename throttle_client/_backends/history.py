@@ -58,6 +58,15 @@ def counted(slot_us: int, cost: int, offset_us: int) -> Iterator[tuple[str, int]
             yield f"{grain.upper()}{period}", cost - 1
 
 
+def counts(op: object, first_log: object) -> bool:
+    """Whether ``op``, run on a store's logs (``first_log``: its first key's), counts
+    its booking in histories: it carries some, and its call id was not booked before
+    (a retry that finds its call booked was counted by its first attempt)."""
+    if not getattr(op, "history", ()):
+        return False
+    return first_log.slot_of(op.call_id) is None  # type: ignore[attr-defined]
+
+
 def record(fields: dict[str, int], spec: HistorySpec, slot_us: int, cost: int) -> None:
     """Count a call in ``fields`` (a key's history as a store keeps it), dropping the
     periods that fall out of what is kept when a new one begins; ``o`` holds the offset

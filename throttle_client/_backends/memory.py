@@ -222,12 +222,7 @@ class MemoryBackend(Backend):
             return cast(T, dict(fields) if expires > now else {})
         keys = leases.log_keys(op)
         logs = [self._log(key, now) for key in keys]
-        # (A retry that finds its call booked already was counted by its first attempt.)
-        counts = (
-            isinstance(op, (Acquire, AcquireAll))
-            and bool(op.history)
-            and logs[0].slot_of(op.call_id) is None
-        )
+        counts = history.counts(op, logs[0]) if logs else False
         touched: list[str] = []
 
         def view(key: str) -> _MemoryLeases:

@@ -817,12 +817,7 @@ class SQLiteBackend(Backend):
         with _transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
             logs = self._logs(db, op, now, repaired, writable=writable)
-            # (A retry that finds its call booked already was counted by its first attempt.)
-            counts = (
-                isinstance(op, (Acquire, AcquireAll))
-                and bool(op.history)
-                and logs[0].slot_of(op.call_id) is None
-            )
+            counts = history.counts(op, logs[0]) if logs else False
             result = leases.execute(op, logs, lambda key: _SQLiteLeases(db, key), now, granted)
             if writable:
                 for log in logs:
