@@ -14,12 +14,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from throttle_client import Backend, ConfigurationError, Limiter, MemoryBackend
-from throttle_client._limiter import WARM_UP
+from throttle_client import Backend, ConfigurationError, Limiter, MemoryBackend, ThrottledClient
+from throttle_client._limiter import MAX_REBOOKS, WARM_UP
 from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock
 
@@ -157,8 +158,46 @@ def test_an_answer_slower_than_the_margin_warns_once(caplog: pytest.LogCaptureFi
         decisions = [limiter.try_acquire("k") for _ in range(WARM_UP + 3)]
     assert first.allowed and first.late_wakeups == 1
     assert all(d.allowed and not d.late_wakeups for d in decisions)  # try_acquire never
-    warned = [r for r in caplog.records if "widen it" in r.getMessage()]
+    warned = [r for r in caplog.records if "too slow for margin" in r.getMessage()]
     assert len(warned) == 1 and "50.0 ms" in warned[0].getMessage()
+
+
+def test_the_look_for_a_pause_goes_before_the_slot() -> None:
+    """A transport's call that slept looks at its key for a pause before it goes. Every
+    answer here takes 20 ms, most of the 25 ms margin: a look made after waking would
+    make every call late, and book again, for ever. It is sent a round trip and a half
+    before the slot instead, and the call goes on time."""
+    clock = FakeClock()
+    store = slow_store(clock, [], 0.02)
+    limiter = Limiter(store, rates=["2/second"], margin=0.025, clock=clock, sleep=clock.sleep)
+    seen: list[Any] = []
+    limiter.listen(seen.append)
+    sent: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(clock.now)
+        return httpx.Response(200)
+
+    client = ThrottledClient(limiter, transport=httpx.MockTransport(upstream), acquire_timeout=5)
+    for _ in range(5):
+        client.get("https://api.test/", headers={"Authorization": "Bearer T"})
+    assert not [e for e in seen if e.kind == "late_wakeup"]
+    assert sent[-1] - sent[0] < 2.2  # five calls of 2/second: two windows and a bit
+
+
+def test_a_call_late_again_and_again_goes_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A process whose every sleep wakes 100 ms late (an overloaded event loop) cannot
+    keep any call within a 25 ms margin. Each late wake-up books a new slot, but not for
+    ever: after MAX_REBOOKS the call goes, and a warning says what to change, once."""
+    clock = FakeClock()
+    sleep = late_sleeper(clock, [0.1] * 100, asynchronous=False)
+    limiter = Limiter(MemoryBackend(), rates=["1/second"], margin=0.025, clock=clock, sleep=sleep)
+    limiter.acquire("k")  # (at once: no sleep)
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        decisions = [limiter.acquire("k") for _ in range(2)]
+    assert all(d.allowed and d.late_wakeups == MAX_REBOOKS + 1 for d in decisions)
+    warned = [r for r in caplog.records if "too slow for margin" in r.getMessage()]
+    assert len(warned) == 1 and "100.0 ms late" in warned[0].getMessage()
 
 
 @pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf"), "25ms", None])

@@ -109,6 +109,11 @@ UPSTREAM_VIEWS = 4096
 STALE_TRIES = 8
 # The most a real sleep ends early (timer granularity: uvloop rounds to milliseconds).
 EARLY = 0.005
+# How much earlier than a round trip and a half before its slot a sleeping call looks at
+# its key (seconds): room for the wake-up's own lateness and a slower answer.
+LOOK_AHEAD = 0.002
+# Late wake-ups after which a call goes anyway (with a warning) rather than book again.
+MAX_REBOOKS = 3
 
 
 # How long a lease lives unless renewed (seconds): a worker killed with kill -9 frees its
@@ -201,6 +206,7 @@ class _LimiterCore:
         self._store_clock = StoreClock(drift=drift)  # answers from the store
         self._host_clock = StoreClock(drift=drift)  # answers from on_unavailable
         self._warned_spread = threading.Event()
+        self._rtt = 0.0  # the latest round trip to the store (seconds)
         # The margin widens every window and the gap in the slot arithmetic: requests
         # that leave up to ``margin`` after their slots still never crowd a window, nor
         # come closer than the gap, as the upstream counts them on arrival. With no gap
@@ -572,6 +578,27 @@ class _LimiterCore:
         # within the narrowest of them.
         margin = min([self.margin, *(other.margin for other, *_ in also)])
         slept, late_wakeups, sent = 0.0, 0, started
+        if not refusal and margin and not self._store_clock.answers and self._clock is None:
+            # The first call of this limiter: the store's first answer also waits for a
+            # connection to open and the script to load, and would come back too late
+            # for its slot (booked again, that slot left unused), and say nothing of the
+            # store's round trip. A look at the key first opens the way; its answer
+            # teaches the clock, never the round trip.
+            try:
+                snap, from_store, now = yield from self._ask_flow(
+                    self._inspect_op(op.key, started), started
+                )
+            except BackendUnavailable:  # the booking meets it again, and on_unavailable
+                now = yield ReadClock()
+            else:
+                if from_store:
+                    self._store_clock.observe(started, now, _seconds(snap.now_us))
+            sent = now
+        if not refusal and margin and 4 * self._rtt > margin:
+            # A store whose answers take a good part of the margin: a slot due now would
+            # be answered too late to meet, and booked again. Ask for one that the answer
+            # reaches in time (twice the round trip ahead) from the start.
+            op = dataclasses.replace(op, lead_us=round(2 * self._rtt * US))
         while True:
             try:
                 verdict, from_store, now = yield from self._ask_flow(op, sent, also)
@@ -628,20 +655,27 @@ class _LimiterCore:
                 raise ThrottleTimeout(refused.retry_after, late_wakeups=late_wakeups)
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
+            rtt = now - sent  # this call's last round trip to the store
             answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
             if not answered_late:
-                slept += wake - now
-                now = yield Sleep(wake - now)
-                # A sleep may end a little early (uvloop's millisecond timers): sleep the
-                # rest, once. (Not with an injected clock, which moves only as the injected
-                # sleep moves it, nor after a sleep that did not sleep at all: a test's.)
-                if self._clock is None and 5e-7 <= wake - now <= EARLY:
-                    now = yield Sleep(wake - now)
-                # After a long sleep what is known of the store's clock has aged past the
-                # margin (DRIFT): one read of the store's time renews it. Sleeps shorter
-                # than about margin / (2 * DRIFT), 25 s by default, never need it, nor
-                # does a store whose round trip alone is longer than the margin.
-                if recheck_pause or (margin and clock.spread(now) > margin >= clock.width()):
+                # A look at the key before the slot: for a pause another worker set while
+                # this one slept (recheck_pause: the upstream said 429), and after a long
+                # sleep, because what is known of the store's clock has aged past the
+                # margin (DRIFT; sleeps shorter than about margin / (2 * DRIFT), 25 s by
+                # default, never need it, nor does a store whose round trip alone is
+                # longer than the margin). It is sent a round trip and a half before the
+                # wake-up, so that its answer is back by the slot: read after the slot,
+                # it would make every call late by a round trip, and a store a few
+                # milliseconds away would have every call book again, for ever.
+                look = recheck_pause or (margin and clock.spread(wake) > margin >= clock.width())
+                ahead = 1.5 * rtt + (0.0 if self._clock else LOOK_AHEAD)
+                if look and wake - now > 2 * ahead:
+                    if ahead:
+                        slept += wake - ahead - now
+                        now = yield Sleep(wake - ahead - now)
+                    else:  # (an injected clock: answers take no time, the look goes at the wake)
+                        slept += wake - now
+                        now = yield Sleep(wake - now)
                     asked = now
                     try:
                         snap, from_store, now = yield from self._ask_flow(
@@ -650,11 +684,23 @@ class _LimiterCore:
                     except BackendUnavailable:  # the store went away: the slot stands
                         now = yield ReadClock()
                     else:
-                        self._observe(from_store, asked, now, snap.now_us)
+                        clock = self._observe(from_store, asked, now, snap.now_us)
+                        rtt = now - asked
                         if recheck_pause and snap.pause_until_us > snap.now_us:
                             log.debug("throttle_client: paused while it slept; queueing again")
-                            op, sent = self._rebook(op, max_wait_us, started, now, 0), now
+                            op = self._rebook(op, max_wait_us, started, now, round(2 * rtt * US))
+                            sent = now
                             continue
+                    wake = clock.wake_at(slot)  # (what the look said of the clock, too)
+                if wake - now >= 5e-7:
+                    slept += wake - now
+                    now = yield Sleep(wake - now)
+                    # A sleep may end a little early (uvloop's millisecond timers): sleep
+                    # the rest, once. (Not with an injected clock, which moves only as the
+                    # injected sleep moves it, nor after a sleep that did not sleep at
+                    # all: a test's.)
+                    if self._clock is None and 5e-7 <= wake - now <= EARLY:
+                        now = yield Sleep(wake - now)
             # A call that can wait may book again if its own answer came too late to
             # tell (not a sleep whose wake-up only the width of the bracket blurs).
             rebook_if_unsure = answered_late and not refusal
@@ -668,6 +714,17 @@ class _LimiterCore:
             late_wakeups += 1
             if self._listeners:
                 self._emit(LATE_WAKEUP, op.key, cost=cost, late_by=late)
+            if late_wakeups > MAX_REBOOKS and not refusal:
+                # Late again and again: this process cannot keep its calls within the
+                # margin (a store too far or too slow for it, an overloaded event loop).
+                # Booking again cannot help it, and each booking spends a slot: the call
+                # goes, and the operator is told once what to change.
+                self._warn_slow(late, rtt, margin)
+                if self._listeners:
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
+                return self._decision(
+                    verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
+                )
             log.debug(
                 "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
                 late * 1000,
@@ -679,10 +736,10 @@ class _LimiterCore:
                 if self._listeners:
                     self._emit(REFUSED, op.key, cost=cost, retry_after=refused.retry_after)
                 return refused
-            # An answer that came back too late would come back too late again for a slot
-            # due now: the new slot lies twice that round trip ahead, and is slept to.
-            lead = round(2 * (now - sent) * US) if answered_late else 0
-            op, sent = self._rebook(op, max_wait_us, started, now, lead), now
+            # The new slot lies twice the last round trip ahead, so that its answer is
+            # back before it (one due now would be answered too late again), and is
+            # slept to.
+            op, sent = self._rebook(op, max_wait_us, started, now, round(2 * rtt * US)), now
 
     def _new_call_id(self) -> str:
         return _call_id()
@@ -992,6 +1049,8 @@ class _LimiterCore:
         """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
         clock = self._store_clock if from_store else self._host_clock
         clock.observe(sent, now, _seconds(store_now_us))
+        if from_store:
+            self._rtt = now - sent  # (racy across threads: one float, any recent one will do)
         return clock
 
     def _rebook(
@@ -1021,18 +1080,25 @@ class _LimiterCore:
         spread = clock.spread(now)
         if spread <= margin or (rebook_if_unsure and clock.answers < WARM_UP):
             return late
-        if clock.answers < WARM_UP:
-            return late - spread
-        if not self._warned_spread.is_set():
-            self._warned_spread.set()
-            log.warning(
-                "throttle_client: the store's clock is known only to within %.1f ms (its "
-                "round trip), more than margin=%.1f ms: arrivals cannot be held within the "
-                "margin; widen it",
-                spread * 1000,
-                margin * 1000,
-            )
+        if clock.answers >= WARM_UP:
+            self._warn_slow(late, clock.width(), margin)
         return late - spread
+
+    def _warn_slow(self, late: float, rtt: float, margin: float) -> None:
+        """Say once that this process's calls cannot be held within the margin."""
+        if self._warned_spread.is_set():
+            return
+        self._warned_spread.set()
+        log.warning(
+            "the store is too slow for margin=%.1f ms: its round trip takes %.1f ms and "
+            "calls reach their slots up to %.1f ms late, so arrivals cannot be held "
+            "within the margin (the slots still are); widen the margin to at least "
+            "%.0f ms, or bring the store closer",
+            margin * 1000,
+            rtt * 1000,
+            late * 1000,
+            math.ceil(max(late, rtt) * 1000 * 1.5),
+        )
 
     def _inspect_op(self, store_key: str, now: float) -> Inspect:
         return Inspect(key=store_key, quota=self._quota_at(now), now_us=self._at(now))
