@@ -12,6 +12,7 @@ the one the reference allows. Slots, not wall-clock time, are judged throughout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
@@ -379,8 +380,8 @@ async def test_a_lost_log_is_repaired_for_the_async_client(
     redis_url: str, repairs: Callable[[int], list[str]]
 ) -> None:
     store = RedisStore(redis_url, cluster=False)
-    run = Run(store.backend)  # fills the key through a sync limiter
-    run.acquire_many(10)
+    run = Run(store.backend)  # fills the key through a sync limiter (in a thread: blocking)
+    await asyncio.to_thread(run.acquire_many, 10)
     store.drop(run.key, "log")
     backend = AsyncRedisBackend(redis_url)
     clock = run.clock

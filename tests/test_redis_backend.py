@@ -8,6 +8,7 @@ Cluster hash slots, a wrong key type, and Redis 6.2.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -714,8 +715,8 @@ async def test_a_policy_that_can_evict_the_logs_is_warned_of_once(
     try:
         with caplog.at_level(logging.WARNING, logger="throttle_client"):
             limiter = Limiter(RedisBackend(server.url), margin=0, rates=["100/second"])
-            for _ in range(3):
-                limiter.try_acquire(TOKEN)
+            for _ in range(3):  # (a blocking limiter, in a thread: this test is a coroutine)
+                await asyncio.to_thread(limiter.try_acquire, TOKEN)
             async_backend = AsyncRedisBackend(server.url)
             async_limiter = AsyncLimiter(async_backend, margin=0, rates=["100/second"])
             for _ in range(3):
@@ -773,7 +774,9 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
             client = redis.Redis(**options)
             backend = RedisBackend(client)
             limiter = Limiter(backend, margin=0, rates=["2/second"])
-            allowed = [limiter.try_acquire(TOKEN).allowed for _ in range(3)]
+            allowed = [
+                (await asyncio.to_thread(limiter.try_acquire, TOKEN)).allowed for _ in range(3)
+            ]
             backend.close()
             assert client.ping()
             client.close()

@@ -57,8 +57,11 @@ _WAIT = tenacity.wait_random_exponential(multiplier=0.02, max=0.25)
 @dataclass(frozen=True)
 class LocalFallback:
     """While the store is unavailable, admit calls from an in-process limiter that
-    holds ``1 / expected_workers`` of each rate (at least one unit) and spaces calls
-    ``expected_workers`` times the minimum interval.
+    holds ``1 / expected_workers`` of each rate and spaces calls ``expected_workers``
+    times the minimum interval. Each worker keeps at least one call per window (and one
+    in flight under a cap): a rate whose limit is below ``expected_workers`` cannot be
+    shared without the store, and the fleet may then send up to ``expected_workers``
+    per window while it is down (the limiter says so when it is made).
 
     >>> Limiter(backend, rates=["5000/hour"], on_unavailable=LocalFallback(expected_workers=8))
     """

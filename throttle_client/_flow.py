@@ -13,6 +13,7 @@ twice. This module imports nothing of the library, so every layer may use it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -69,6 +70,23 @@ async def arun(flow: Generator[S, Any, R], perform: Callable[[S], Awaitable[Any]
     except BaseException:
         flow.close()
         raise
+
+
+def refuse_in_event_loop(what: str) -> None:
+    """Refuse a blocking call made from a thread that runs an event loop, before it does
+    anything: it would stall every task of the loop while it waits (and ``await`` on its
+    result, a slot already booked, fails after the fact)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # no loop runs in this thread: blocking is what the caller wants
+    raise RuntimeError(
+        f"{what} blocks, and this thread runs an asyncio event loop: it would stall every "
+        "task of the loop while it waits for the store and its slot (and `await` on it "
+        "fails only after a slot is booked). In asyncio code use AsyncLimiter (over "
+        "AsyncRedisBackend, or MemoryBackend/SQLiteBackend as they are) and `await` it; "
+        "or run the blocking call in a thread (`await asyncio.to_thread(...)`)."
+    )
 
 
 # -- the limiter's steps ------------------------------------------------------------------

@@ -34,7 +34,7 @@ from ._backends import leases
 from ._backends.base import Charge
 from ._errors import BackendError, BackendUnavailable
 from ._events import LEASED, RELEASED
-from ._flow import arun, run
+from ._flow import arun, refuse_in_event_loop, run
 from ._results import Decision
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ class Lease:
         return self._held.decision
 
     def __enter__(self) -> Decision:
+        refuse_in_event_loop("a Limiter's lease")
         held = self._held
         limiter: Limiter = held.limiter  # type: ignore[assignment]
         held.begin()

@@ -76,9 +76,19 @@ from ._events import (
     Listeners,
     key_label,
 )
-from ._failure import FailureGuard, OnUnavailable, shrink
+from ._failure import FailureGuard, LocalFallback, OnUnavailable, shrink
 from ._feedback import ABSURD, QuotaView, read_feedback, read_quota_view
-from ._flow import AwaitGrant, Call, Flow, LimiterStep, ReadClock, Sleep, arun, run
+from ._flow import (
+    AwaitGrant,
+    Call,
+    Flow,
+    LimiterStep,
+    ReadClock,
+    Sleep,
+    arun,
+    refuse_in_event_loop,
+    run,
+)
 from ._history import History, Offsets, UsageHistory, read_history, spec_for
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
@@ -261,6 +271,8 @@ class _LimiterCore:
         self._told_headers: set[str] = set()  # header values learn() could not read
         self._max_cost = min(rate.limit for rate in self.rates)
         self._guard = FailureGuard(on_unavailable, to_seconds(retry_for, "retry_for"))
+        for problem in _doubtful(self.rates, gap, slack, cap, on_unavailable):
+            log.warning("%r: %s", self, problem)
         self._listeners = Listeners()
         # Each key's card in the store (its label and this limiter's rules, for status
         # and top), sent with a decision on the key every half of its horizon: the
@@ -578,28 +590,16 @@ class _LimiterCore:
         # within the narrowest of them.
         margin = min([self.margin, *(other.margin for other, *_ in also)])
         slept, late_wakeups, sent = 0.0, 0, started
-        if not refusal and margin and not self._store_clock.answers and self._clock is None:
-            # The first call of this limiter: the store's first answer also waits for a
-            # connection to open and the script to load, and would come back too late
-            # for its slot (booked again, that slot left unused), and say nothing of the
-            # store's round trip. A look at the key first opens the way; its answer
-            # teaches the clock, never the round trip.
-            try:
-                snap, from_store, now = yield from self._ask_flow(
-                    self._inspect_op(op.key, started), started
-                )
-            except BackendUnavailable:  # the booking meets it again, and on_unavailable
-                now = yield ReadClock()
-            else:
-                if from_store:
-                    self._store_clock.observe(started, now, _seconds(snap.now_us))
-            sent = now
+        # This limiter's first call: its answer also waits for a connection to open and
+        # the script to load, so its round trip says nothing of the store's.
+        cold = self._clock is None and not self._store_clock.answers
         if not refusal and margin and 4 * self._rtt > margin:
             # A store whose answers take a good part of the margin: a slot due now would
             # be answered too late to meet, and booked again. Ask for one that the answer
             # reaches in time (twice the round trip ahead) from the start.
             op = dataclasses.replace(op, lead_us=round(2 * self._rtt * US))
         while True:
+            usual_rtt = self._rtt  # (before this answer: its own round trip excuses nothing)
             try:
                 verdict, from_store, now = yield from self._ask_flow(op, sent, also)
             except BaseException:
@@ -608,7 +608,9 @@ class _LimiterCore:
             if not from_store:
                 self._missed(op, also)
             # on_unavailable's answers are made here, at the end of the call: none came late.
-            clock = self._observe(from_store, sent if from_store else now, now, verdict.now_us)
+            clock = self._observe(
+                from_store, sent if from_store else now, now, verdict.now_us, timed=not cold
+            )
             if verdict.waiting and isinstance(op, AcquireAll):
                 left = max_wait_us - round((now - started) * US)
                 if left > 0:
@@ -656,6 +658,17 @@ class _LimiterCore:
             slot = _seconds(verdict.slot_us)
             wake = clock.wake_at(slot)
             rtt = now - sent  # this call's last round trip to the store
+            # What a slot found within the wait the store was told of may still add: the
+            # answer's way back, and what is not known of the store's clock.
+            slack = EARLY + clock.spread(now) + 2 * usual_rtt
+            if not refusal and (wake - started - slack) * US > max_wait_us:
+                # The store found a slot within the wait it was told of, but the call got
+                # there late (a connection to open, the script to load, retries): counted
+                # from the caller's start, it would wait past its timeout. The slot stays
+                # booked, unused: under-use, never a wait the caller did not allow.
+                if self._listeners:
+                    self._emit(TIMED_OUT, op.key, cost=cost, retry_after=max(0.0, wake - now))
+                raise ThrottleTimeout(max(0.0, wake - now), late_wakeups=late_wakeups)
             answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
             if not answered_late:
                 # A look at the key before the slot: for a pause another worker set while
@@ -736,6 +749,18 @@ class _LimiterCore:
                 if self._listeners:
                     self._emit(REFUSED, op.key, cost=cost, retry_after=refused.retry_after)
                 return refused
+            if cold:  # what the round trip is, a look at the key on the open connection says
+                asked = now
+                try:
+                    snap, from_store, now = yield from self._ask_flow(
+                        self._inspect_op(op.key, now), now
+                    )
+                except BackendUnavailable:
+                    now = yield ReadClock()
+                else:
+                    self._observe(from_store, asked, now, snap.now_us)
+                    rtt = now - asked
+            cold = False
             # The new slot lies twice the last round trip ahead, so that its answer is
             # back before it (one due now would be answered too late again), and is
             # slept to.
@@ -1045,11 +1070,14 @@ class _LimiterCore:
         yield from self._execute_flow(self._reset_op(key, now), now)
         self._upstream.pop(self.store_key(key), None)
 
-    def _observe(self, from_store: bool, sent: float, now: float, store_now_us: int) -> StoreClock:
-        """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock."""
+    def _observe(
+        self, from_store: bool, sent: float, now: float, store_now_us: int, timed: bool = True
+    ) -> StoreClock:
+        """Learn from an answer asked at local ``sent``, read at ``now``; its StoreClock.
+        ``timed``: its round trip is the store's (not a first call's, which opened the way)."""
         clock = self._store_clock if from_store else self._host_clock
         clock.observe(sent, now, _seconds(store_now_us))
-        if from_store:
+        if from_store and timed:
             self._rtt = now - sent  # (racy across threads: one float, any recent one will do)
         return clock
 
@@ -1273,6 +1301,7 @@ class Limiter(_LimiterCore):
         """Admit the call now if its slot is now. A refusal records nothing, but for
         one whose answer came back too late (``late_wakeups``): its slot stays booked.
         ``also``: as for :meth:`acquire`."""
+        refuse_in_event_loop("Limiter.try_acquire()")
         self._refuse_capped(also, "try_acquire")
         flow = self._acquire_flow(key, cost, 0, self._local(), refusal=True, also=also)
         return run(flow, self._perform)
@@ -1300,6 +1329,7 @@ class Limiter(_LimiterCore):
         whole call. The Decision's ``rates`` and ``remaining`` list this limiter's rates,
         then each other's.
         """
+        refuse_in_event_loop("Limiter.acquire()")
         self._refuse_capped(also, "acquire")
         flow = self._waiting_flow(key, cost, timeout, self._local(), also=also)
         return run(flow, self._perform)
@@ -1530,6 +1560,56 @@ def _not_a_backend(thing: object, limiter: str) -> NoReturn:
             "subclass of AsyncBackend or Backend"
         )
     raise TypeError(f"a {limiter} needs a backend, not a {kind}; {hint}")
+
+
+def _doubtful(
+    rates: tuple[Rate, ...],
+    gap: float,
+    margin: float,
+    cap: int | None,
+    on_unavailable: OnUnavailable,
+) -> list[str]:
+    """What in a valid configuration is most likely a mistake, said once when the limiter
+    is made: a margin as long as a window or the gap (``margin=25`` meant as
+    milliseconds makes every call wait 25 s), a gap that leaves a rate out of reach, a
+    fallback share of less than one call per window."""
+    problems = []
+    shortest = min(rates, key=lambda rate: rate.period)
+    if margin and margin >= shortest.period:
+        problems.append(
+            f"margin={margin:g} s is not shorter than the window of {shortest} (margin is "
+            "in seconds: how late after its slot a request may arrive; 0.025 is the "
+            "default): every window is widened by it, so far fewer calls go than the rate says"
+        )
+    if gap and margin >= gap:
+        problems.append(
+            f"margin={margin:g} s is not shorter than min_interval={gap:g} s: calls go at "
+            f"least {gap + margin:g} s apart (the gap widened by the margin, so that arrivals "
+            "keep it too)"
+        )
+    if gap:
+        for rate in rates:
+            most = math.floor(rate.period / gap) + 1
+            if most < rate.limit:
+                problems.append(
+                    f"min_interval={gap:g} s lets at most {most} calls into any window of "
+                    f"{rate}: that rate can never be reached"
+                )
+    if isinstance(on_unavailable, LocalFallback):
+        workers = on_unavailable.expected_workers
+        small = [rate for rate in rates if rate.limit < workers]
+        for rate in small:
+            problems.append(
+                f"{on_unavailable!r} gives each worker at least one call per window of "
+                f"{rate}, fewer than the {workers} workers: while the store is down the "
+                f"fleet may send up to {workers} per window, not {rate.limit}"
+            )
+        if cap is not None and cap < workers:
+            problems.append(
+                f"{on_unavailable!r} lets each worker hold at least one call in flight, "
+                f"more than max_concurrent={cap} across the fleet while the store is down"
+            )
+    return problems
 
 
 def _sliding(rate: Rate, margin_us: int) -> int | Buckets:

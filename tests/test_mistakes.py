@@ -1,0 +1,122 @@
+"""Common mistakes are refused or said, never passed over in silence.
+
+A blocking limiter called from asyncio code, a margin given in milliseconds, a gap
+that leaves a rate out of reach, a fallback share below one call per window, a
+timeout a cold connection would overrun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+
+from throttle_client import (
+    Backend,
+    Limiter,
+    LocalFallback,
+    MemoryBackend,
+    ThrottleTimeout,
+)
+from throttle_client.testing import FakeClock
+
+
+def test_a_blocking_limiter_in_an_event_loop_is_refused_before_it_books() -> None:
+    """``await limiter.acquire()`` on a sync Limiter used to book a slot, then fail on
+    the await; a plain sync call in a coroutine stalled the whole loop while it slept."""
+    limiter = Limiter(MemoryBackend(), rates=["1/second"])
+
+    async def misuse() -> list[str]:
+        refused = []
+        for call in (
+            lambda: limiter.acquire("k"),
+            lambda: limiter.try_acquire("k"),
+            lambda: limiter.lease("k").__enter__(),
+        ):
+            with pytest.raises(RuntimeError, match="event loop") as caught:
+                await call()  # type: ignore[misc]
+            refused.append(str(caught.value))
+        return refused
+
+    messages = asyncio.run(misuse())
+    assert all("AsyncLimiter" in message for message in messages)
+    assert limiter.usage("k").rates[0].used == 0  # nothing was booked
+    assert limiter.acquire("k").allowed  # outside a loop it works as ever
+
+
+def test_a_blocking_limiter_runs_in_a_thread_of_an_asyncio_program() -> None:
+    limiter = Limiter(MemoryBackend(), rates=["5/second"])
+
+    async def offloaded() -> bool:
+        decision = await asyncio.to_thread(limiter.acquire, "k")
+        return decision.allowed
+
+    assert asyncio.run(offloaded())
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"rates": ["10/second"], "margin": 25}, "margin=25 s is not shorter than the window"),
+        (
+            {"rates": ["2/second"], "min_interval": 0.01},
+            "margin=0.025 s is not shorter than min_interval=0.01 s",
+        ),
+        (
+            {"rates": ["5000/hour"], "min_interval": 1},
+            "lets at most 3601 calls into any window of 5000/3600s",
+        ),
+        (
+            {"rates": ["2/second"], "on_unavailable": LocalFallback(8)},
+            "the fleet may send up to 8 per window, not 2",
+        ),
+        (
+            {"rates": ["100/second"], "max_concurrent": 2, "on_unavailable": LocalFallback(4)},
+            "more than max_concurrent=2",
+        ),
+    ],
+)
+def test_a_doubtful_configuration_is_said_when_the_limiter_is_made(
+    options: dict[str, Any], said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        Limiter(MemoryBackend(), **options)
+    assert [r.getMessage() for r in caplog.records if said in r.getMessage()]
+
+
+def test_a_sound_configuration_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        Limiter(
+            MemoryBackend(),
+            rates=["5000/hour", "10/second"],
+            min_interval=0.1,
+            on_unavailable=LocalFallback(4),
+        )
+    assert not caplog.records
+
+
+def test_a_cold_connection_counts_against_the_timeout() -> None:
+    """A store's first call also opens a connection and loads its script before the
+    store decides: here 0.5 s. The next slot is 1.025 s away, past the caller's 0.9 s
+    timeout; by the time the store decides it is only 0.525 s away, within the wait it
+    was told of. Counted from the caller's start the call would wait 1.025 s: it raises
+    ThrottleTimeout instead of sleeping past the timeout it was given."""
+    clock = FakeClock()
+    inner = MemoryBackend()
+    opening = [0.0, 0.0, 0.5]  # the third call finds its connection closed
+
+    class ColdStore(Backend):
+        def execute(self, op: Any) -> Any:
+            clock.advance(opening.pop(0) if opening else 0.0)
+            return inner.execute(dataclasses.replace(op, now_us=round(clock.now * 1e6)))
+
+    limiter = Limiter(ColdStore(), rates=["1/second"], clock=clock, sleep=clock.sleep)
+    limiter.acquire("k")
+    assert not limiter.try_acquire("k").allowed
+    started = clock.now
+    with pytest.raises(ThrottleTimeout):
+        limiter.acquire("k", timeout=0.9)
+    assert clock.now - started == pytest.approx(0.5)  # the cold call, and no sleep after it
