@@ -28,7 +28,7 @@ from ._flow import Flow, arun, run
 from ._lease import AsyncLease, Lease, _Held
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
-from ._request_key import key_label, request_key
+from ._request_key import credential_names, key_label, request_key
 
 logger = logging.getLogger("throttle_client")
 
@@ -220,6 +220,7 @@ class _TransportCore(Generic[L]):
     also: Sequence[AlsoSpec[L]] = ()
     learn: bool = True  # hold a key to quota headers stricter than its rates
     _warned: set[str] = field(default_factory=set)
+    _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
 
     def __post_init__(self) -> None:
         transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
@@ -281,6 +282,9 @@ class _TransportCore(Generic[L]):
             return None
         key = self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
+        route_name = f"{request.method} {request.url.host}{route.path if route else ''}"
+        if self.key is request_key and key == request.url.host:
+            self.warn_missed_credentials(request, route_name)
         return _Plan(
             limiter=limiter,
             key=key,
@@ -288,11 +292,29 @@ class _TransportCore(Generic[L]):
             also=tuple(_also_for(spec, request, cost) for spec in also),
             label=key_label(key, request, limiter.label),
             target=f"{request.method} {request.url.host}{request.url.path}",
-            route=f"{request.method} {request.url.host}{route.path if route else ''}",
+            route=route_name,
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.
             and isinstance(request.stream, httpx.ByteStream),
         )
+
+    def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
+        """Warn, once per route, of a request keyed by its host by the default key
+        function though it carries what looks like a token: every token sent there then
+        shares one quota. A key function of the user's own is their decision."""
+        if route in self._warned_routes:
+            return
+        names = credential_names(request)
+        if names:
+            self._warned_routes.add(route)
+            logger.warning(
+                "%s is keyed by its host, though the request carries what looks like "
+                "credentials (%s): every token sent there shares one quota. Pass key=, a "
+                "function of the request that returns its token (or its host, to keep one "
+                "quota)",
+                route,
+                ", ".join(names),
+            )
 
     def flow(self, plan: _Plan[L], request: httpx.Request, now: float) -> Flow[httpx.Response]:
         """One request's course, from local time ``now``, for both worlds: wait for its
