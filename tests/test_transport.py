@@ -563,7 +563,29 @@ def test_logs_say_what_happened_once_and_never_the_token(world, caplog):
     malformed = [m for m in warnings if "ignored Retry-After" in m]
     assert len(malformed) == 1  # the second bogus value goes to DEBUG
     assert any("pausing key#" in m for m in warnings)
-    assert sum("retrying GET api.example.com/items" in r.getMessage() for r in records) == 2
+    assert sum("retrying GET api.example.com for" in r.getMessage() for r in records) == 2
+    world.close(client)
+
+
+def test_logs_name_the_route_never_the_request_path(world, caplog):
+    """A path may carry a secret (a webhook's token) or an id per call: log lines say the
+    method, host and matched route's path, as metrics do."""
+    caplog.set_level(logging.DEBUG, logger="throttle_client")
+    core, search = world.limiter("1/minute"), world.limiter("1/minute")
+    refused = (429, {"Retry-After": "bogus"})
+    upstream = Upstream(world.clock, [refused, refused])
+    client = world.client(core, upstream, routes=[Route(search, path="/search")])
+    world.get(client, "https://hooks.example.com/services/T000/XXXXSECRETXXXX")
+    world.get(client, "https://api.example.com/search/users/12345")
+    world.get(client, "https://api.example.com/search/users/67890")  # waits for its slot
+    lines = [r.getMessage() for r in caplog.records if r.name == "throttle_client"]
+    text = "\n".join(lines)
+    for secret in ("SECRET", "services", "12345", "67890", "users"):
+        assert secret not in text, text
+    assert "upstream refused GET hooks.example.com (HTTP 429)" in text
+    assert "retrying GET hooks.example.com for" in text
+    assert "from GET hooks.example.com (" in text  # the malformed header
+    assert "for a slot for GET api.example.com/search (" in text
     world.close(client)
 
 
@@ -574,7 +596,7 @@ def test_an_unusually_long_wait_is_logged_once(world, caplog):
     world.get(client)
     waits = [r.getMessage() for r in caplog.records if "for a slot" in r.getMessage()]
     assert len(waits) == 1
-    assert waits[0].startswith("waited 60.0s for a slot for GET api.example.com/items (key#")
+    assert waits[0].startswith("waited 60.0s for a slot for GET api.example.com (key#")
     assert TOKEN not in waits[0]
     world.close(client)
 

@@ -199,9 +199,9 @@ class _Plan(Generic[L]):
     cost: int
     also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
     label: str  # what logs may say about the key: a host, or a digest of the token
-    target: str  # "GET host/path", for logs: never the query, which may carry a token
-    # "GET host" and the matched route's path, for events and metrics: never the request's
-    # own path, which may carry a secret (a webhook's, a bot's token) or an id per call.
+    # "GET host" and the matched route's path, for logs, events and metrics: never the
+    # request's own path, which may carry a secret (a webhook's, a bot's token) or an id
+    # per call, nor its query, which may carry a token.
     route: str
     retryable: bool
 
@@ -291,7 +291,6 @@ class _TransportCore(Generic[L]):
             cost=cost,
             also=tuple(_also_for(spec, request, cost) for spec in also),
             label=key_label(key, request, limiter.label),
-            target=f"{request.method} {request.url.host}{request.url.path}",
             route=route_name,
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.
@@ -334,7 +333,7 @@ class _TransportCore(Generic[L]):
                 )
             if decision.waited > LONG_WAIT:
                 logger.info(
-                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
+                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.route, plan.label
                 )
             sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
             response, now, wall = sent
@@ -364,7 +363,7 @@ class _TransportCore(Generic[L]):
                 return response
             logger.info(
                 "retrying %s for %s (attempt %d of %d) after HTTP %d",
-                plan.target,
+                plan.route,
                 plan.label,
                 attempt + 1,
                 attempts,
@@ -392,12 +391,12 @@ class _TransportCore(Generic[L]):
             # One warning per header per transport: a fleet would repeat it on every call.
             level = logging.DEBUG if problem.header in self._warned else logging.WARNING
             self._warned.add(problem.header)
-            logger.log(level, "%s from %s (%s)", problem.message, plan.target, plan.label)
+            logger.log(level, "%s from %s (%s)", problem.message, plan.route, plan.label)
         if feedback.pause:
             if feedback.refused:
                 logger.warning(
                     "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
-                    plan.target,
+                    plan.route,
                     response.status_code,
                     plan.label,
                     feedback.pause,
