@@ -172,8 +172,23 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         (URL, {"Authorization": f"token {TOKEN}"}, TOKEN),
         (URL, {"Authorization": f"BEARER   {TOKEN} "}, TOKEN),
         (URL + f"?access_token={TOKEN}&page=2", {}, TOKEN),
-        (URL, {"Authorization": "Basic dXNlcjpwYXNz"}, "api.example.com"),
+        (URL + f"?api_key={TOKEN}", {}, TOKEN),
+        (URL + f"?apikey={TOKEN}", {}, TOKEN),
+        (URL, {"Authorization": TOKEN}, TOKEN),  # a bare token, no scheme
+        (URL, {"Authorization": "Basic dXNlcjpwYXNz"}, "dXNlcjpwYXNz"),  # as sent: hashed
+        (URL, {"Authorization": f"Bot {TOKEN}"}, TOKEN),
+        (URL, {"X-API-Key": TOKEN}, TOKEN),
+        (URL, {"api-key": TOKEN}, TOKEN),
+        (URL, {"X-Auth-Token": TOKEN}, TOKEN),
+        (URL, {"x-access-token": TOKEN}, TOKEN),
+        # Precedence: Authorization, then the key headers, then the query.
+        (URL + "?access_token=q", {"X-API-Key": "h", "Authorization": f"Bearer {TOKEN}"}, TOKEN),
+        (URL + "?access_token=q", {"X-Auth-Token": TOKEN}, TOKEN),
         (URL, {"Authorization": "Bearer "}, "api.example.com"),
+        # A signature differs per call: each call would have a quota of its own.
+        (URL, {"Authorization": 'Digest username="u", nonce="n", response="r"'}, "api.example.com"),
+        (URL, {"Authorization": "AWS4-HMAC-SHA256 Credential=A/B, Signature=s"}, "api.example.com"),
+        (URL + f"?key={TOKEN}", {}, "api.example.com"),  # "key" names many things
         (URL, {}, "api.example.com"),
     ],
 )
@@ -194,6 +209,76 @@ def test_a_callable_key_replaces_the_default(world):
     world.get(client, headers={"X-Account": "acct-7", "Authorization": f"Bearer {TOKEN}"})
     assert world.usage(limiter, "acct-7").rates[0].used == 1
     assert world.usage(limiter, TOKEN).rates[0].used == 0
+    world.close(client)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "throttle_client" and r.levelno == logging.WARNING
+    ]
+
+
+def test_credentials_the_default_key_missed_are_warned_once_per_route(world, caplog):
+    caplog.set_level(logging.DEBUG, logger="throttle_client")
+    core, search = world.limiter(), world.limiter()
+    upstream = Upstream(world.clock, [])
+    client = world.client(core, upstream, routes=[Route(search, path="/search")])
+    headers = {"X-Goog-Api-Key": TOKEN}
+    for _ in range(3):
+        world.get(client, headers=headers)
+        world.get(client, "https://api.example.com/search/users/12345", headers=headers)
+    assert world.usage(core, "api.example.com").rates[0].used == 3  # keyed by the host
+    warned = warnings_of(caplog)
+    assert len(warned) == 2, warned
+    assert warned[0].startswith("GET api.example.com is keyed by its host")
+    assert warned[1].startswith("GET api.example.com/search is keyed by its host")
+    for line in warned:
+        assert "header 'X-Goog-Api-Key'" in line and "key=" in line
+        assert TOKEN not in line and "12345" not in line
+    world.close(client)
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "named"),
+    [
+        (URL + f"?key={TOKEN}&q=shoes", {}, "query parameter 'key'"),
+        (URL + f"?client_secret={TOKEN}", {}, "query parameter 'client_secret'"),
+        (URL, {"Cookie": f"theme=dark; sessionid={TOKEN}"}, "cookie 'sessionid'"),
+        (URL, {"Authorization": f"Digest username={TOKEN}, response=r"}, "header 'Authorization'"),
+    ],
+)
+def test_the_warning_names_what_looks_like_credentials_never_its_value(
+    world, caplog, url, headers, named
+):
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    client = world.client(world.limiter(), Upstream(world.clock, []))
+    world.request(client, "GET", url, headers=headers)
+    warned = warnings_of(caplog)
+    assert len(warned) == 1 and named in warned[0], warned
+    assert TOKEN not in warned[0]
+    world.close(client)
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "key"),
+    [
+        # Keyed by a token: nothing was missed.
+        (URL, {"Authorization": f"Bearer {TOKEN}", "X-Other-Token": "t"}, None),
+        # Names that carry no credentials.
+        (URL + "?keyword=shoes&pageToken=p&next_token=n", {"Idempotency-Key": "i"}, None),
+        (URL, {"Cookie": "csrftoken=c; theme=dark", "X-CSRF-Token": "c"}, None),
+        # A key function of the user's own: their decision.
+        (URL, {"X-Goog-Api-Key": TOKEN}, lambda request: request.url.host),
+    ],
+)
+def test_no_warning_when_no_credentials_were_missed(world, caplog, url, headers, key):
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    options = {} if key is None else {"key": key}
+    client = world.client(world.limiter(), Upstream(world.clock, []), **options)
+    world.request(client, "GET", url, headers=headers)
+    assert warnings_of(caplog) == []
     world.close(client)
 
 
@@ -478,7 +563,29 @@ def test_logs_say_what_happened_once_and_never_the_token(world, caplog):
     malformed = [m for m in warnings if "ignored Retry-After" in m]
     assert len(malformed) == 1  # the second bogus value goes to DEBUG
     assert any("pausing key#" in m for m in warnings)
-    assert sum("retrying GET api.example.com/items" in r.getMessage() for r in records) == 2
+    assert sum("retrying GET api.example.com for" in r.getMessage() for r in records) == 2
+    world.close(client)
+
+
+def test_logs_name_the_route_never_the_request_path(world, caplog):
+    """A path may carry a secret (a webhook's token) or an id per call: log lines say the
+    method, host and matched route's path, as metrics do."""
+    caplog.set_level(logging.DEBUG, logger="throttle_client")
+    core, search = world.limiter("1/minute"), world.limiter("1/minute")
+    refused = (429, {"Retry-After": "bogus"})
+    upstream = Upstream(world.clock, [refused, refused])
+    client = world.client(core, upstream, routes=[Route(search, path="/search")])
+    world.get(client, "https://hooks.example.com/services/T000/XXXXSECRETXXXX")
+    world.get(client, "https://api.example.com/search/users/12345")
+    world.get(client, "https://api.example.com/search/users/67890")  # waits for its slot
+    lines = [r.getMessage() for r in caplog.records if r.name == "throttle_client"]
+    text = "\n".join(lines)
+    for secret in ("SECRET", "services", "12345", "67890", "users"):
+        assert secret not in text, text
+    assert "upstream refused GET hooks.example.com (HTTP 429)" in text
+    assert "retrying GET hooks.example.com for" in text
+    assert "from GET hooks.example.com (" in text  # the malformed header
+    assert "for a slot for GET api.example.com/search (" in text
     world.close(client)
 
 
@@ -489,7 +596,7 @@ def test_an_unusually_long_wait_is_logged_once(world, caplog):
     world.get(client)
     waits = [r.getMessage() for r in caplog.records if "for a slot" in r.getMessage()]
     assert len(waits) == 1
-    assert waits[0].startswith("waited 60.0s for a slot for GET api.example.com/items (key#")
+    assert waits[0].startswith("waited 60.0s for a slot for GET api.example.com (key#")
     assert TOKEN not in waits[0]
     world.close(client)
 

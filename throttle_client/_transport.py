@@ -28,7 +28,7 @@ from ._flow import Flow, arun, run
 from ._lease import AsyncLease, Lease, _Held
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
-from ._request_key import key_label, request_key
+from ._request_key import credential_names, key_label, request_key
 
 logger = logging.getLogger("throttle_client")
 
@@ -199,9 +199,9 @@ class _Plan(Generic[L]):
     cost: int
     also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
     label: str  # what logs may say about the key: a host, or a digest of the token
-    target: str  # "GET host/path", for logs: never the query, which may carry a token
-    # "GET host" and the matched route's path, for events and metrics: never the request's
-    # own path, which may carry a secret (a webhook's, a bot's token) or an id per call.
+    # "GET host" and the matched route's path, for logs, events and metrics: never the
+    # request's own path, which may carry a secret (a webhook's, a bot's token) or an id
+    # per call, nor its query, which may carry a token.
     route: str
     retryable: bool
 
@@ -220,6 +220,7 @@ class _TransportCore(Generic[L]):
     also: Sequence[AlsoSpec[L]] = ()
     learn: bool = True  # hold a key to quota headers stricter than its rates
     _warned: set[str] = field(default_factory=set)
+    _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
 
     def __post_init__(self) -> None:
         transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
@@ -281,18 +282,38 @@ class _TransportCore(Generic[L]):
             return None
         key = self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
+        route_name = f"{request.method} {request.url.host}{route.path if route else ''}"
+        if self.key is request_key and key == request.url.host:
+            self.warn_missed_credentials(request, route_name)
         return _Plan(
             limiter=limiter,
             key=key,
             cost=cost,
             also=tuple(_also_for(spec, request, cost) for spec in also),
             label=key_label(key, request, limiter.label),
-            target=f"{request.method} {request.url.host}{request.url.path}",
-            route=f"{request.method} {request.url.host}{route.path if route else ''}",
+            route=route_name,
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.
             and isinstance(request.stream, httpx.ByteStream),
         )
+
+    def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
+        """Warn, once per route, of a request keyed by its host by the default key
+        function though it carries what looks like a token: every token sent there then
+        shares one quota. A key function of the user's own is their decision."""
+        if route in self._warned_routes:
+            return
+        names = credential_names(request)
+        if names:
+            self._warned_routes.add(route)
+            logger.warning(
+                "%s is keyed by its host, though the request carries what looks like "
+                "credentials (%s): every token sent there shares one quota. Pass key=, a "
+                "function of the request that returns its token (or its host, to keep one "
+                "quota)",
+                route,
+                ", ".join(names),
+            )
 
     def flow(self, plan: _Plan[L], request: httpx.Request, now: float) -> Flow[httpx.Response]:
         """One request's course, from local time ``now``, for both worlds: wait for its
@@ -312,7 +333,7 @@ class _TransportCore(Generic[L]):
                 )
             if decision.waited > LONG_WAIT:
                 logger.info(
-                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.target, plan.label
+                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.route, plan.label
                 )
             sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
             response, now, wall = sent
@@ -342,7 +363,7 @@ class _TransportCore(Generic[L]):
                 return response
             logger.info(
                 "retrying %s for %s (attempt %d of %d) after HTTP %d",
-                plan.target,
+                plan.route,
                 plan.label,
                 attempt + 1,
                 attempts,
@@ -370,12 +391,12 @@ class _TransportCore(Generic[L]):
             # One warning per header per transport: a fleet would repeat it on every call.
             level = logging.DEBUG if problem.header in self._warned else logging.WARNING
             self._warned.add(problem.header)
-            logger.log(level, "%s from %s (%s)", problem.message, plan.target, plan.label)
+            logger.log(level, "%s from %s (%s)", problem.message, plan.route, plan.label)
         if feedback.pause:
             if feedback.refused:
                 logger.warning(
                     "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
-                    plan.target,
+                    plan.route,
                     response.status_code,
                     plan.label,
                     feedback.pause,
