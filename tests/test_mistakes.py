@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from typing import Any
 
+import httpx
 import pytest
 
 from throttle_client import (
@@ -19,6 +20,7 @@ from throttle_client import (
     Limiter,
     LocalFallback,
     MemoryBackend,
+    ThrottledClient,
     ThrottleTimeout,
 )
 from throttle_client.testing import FakeClock
@@ -31,10 +33,14 @@ def test_a_blocking_limiter_in_an_event_loop_is_refused_before_it_books() -> Non
 
     async def misuse() -> list[str]:
         refused = []
+        client = ThrottledClient(
+            limiter, transport=httpx.MockTransport(lambda r: httpx.Response(200))
+        )
         for call in (
             lambda: limiter.acquire("k"),
             lambda: limiter.try_acquire("k"),
             lambda: limiter.lease("k").__enter__(),
+            lambda: client.get("https://api.test/", headers={"Authorization": "Bearer k"}),
         ):
             with pytest.raises(RuntimeError, match="event loop") as caught:
                 await call()  # type: ignore[misc]

@@ -24,7 +24,7 @@ import httpx
 from ._errors import ConfigurationError
 from ._events import UPSTREAM_STATUS, Listener
 from ._feedback import read_feedback
-from ._flow import Flow, arun, run
+from ._flow import Flow, arun, refuse_in_event_loop, run
 from ._lease import AsyncLease, Lease, _Held
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
@@ -552,6 +552,7 @@ class ThrottledTransport(httpx.BaseTransport):
         plan = self._core.plan(request)
         if plan is None:
             return self._transport.handle_request(request)
+        refuse_in_event_loop("ThrottledTransport (a sync httpx.Client)")
         limiter = plan.limiter
 
         def perform(step: Any) -> Any:
