@@ -946,7 +946,7 @@ class _LimiterCore:
         op = ReadHistory(key=store_key, now_us=self._at(now))
         fields, _, _ = yield from self._ask_flow(op, now)
         # (A limiter that keeps no history reads one at the offset it was counted at.)
-        return read_history(fields, self._offsets.zone if self._history else None)
+        return read_history(fields, self._offsets.zone if self._history else None, store_key)
 
     def _learn_flow(
         self,

@@ -1051,19 +1051,30 @@ def _count(db: sqlite3.Connection, op: Acquire | AcquireAll, slot: int, now: int
     for spec in op.history:
         row = db.execute(_HISTORY_OF, (spec.key, now)).fetchone()
         fields = _fields(row[0]) if row else {}
+        fields.pop(history.SKIPPED, None)  # (what was left out is not written back)
         history.record(fields, spec, slot, history_cost(op, spec.key))
         expires = slot + history.kept_us(spec.keep)
         db.execute(_HISTORY, (spec.key, json.dumps(fields, separators=(",", ":")), expires))
 
 
 def _fields(text: str) -> dict[str, int]:
-    """A stored history's fields; a damaged one begins again (never an error)."""
+    """A stored history's fields as the store writes them, and how many others it held
+    (``history.SKIPPED``); one that is not even JSON of an object begins again (never an
+    error)."""
     try:
-        fields = json.loads(text)
-        kept = {str(name): int(n) for name, n in fields.items()}
-        return {k: n for k, n in kept.items() if k == history.OFFSET or history.FIELD.match(k)}
-    except (ValueError, TypeError, AttributeError):
-        return {}
+        stored = json.loads(text)
+        if not isinstance(stored, dict):
+            raise TypeError(type(stored))
+    except (ValueError, TypeError):
+        return {history.SKIPPED: 1}
+    fields = {
+        name: n
+        for name, n in stored.items()
+        if type(n) is int and (name == history.OFFSET or history.FIELD.match(name))
+    }
+    if len(fields) < len(stored):
+        fields[history.SKIPPED] = len(stored) - len(fields)
+    return fields
 
 
 def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:

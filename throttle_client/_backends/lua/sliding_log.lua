@@ -875,7 +875,20 @@ local function run_one(keys, argv)
   repaired = nil
   local op = argv[1]
   if op == 'history_read' then -- a key's usage history: "field count field count ..."
-    return table.concat(redis.call('HGETALL', keys[1]), ' ')
+    -- Only fields as count_history writes them pass, so that no name or value can break
+    -- the reply (a space, a line of a batch's reply); the others are counted, as "? N".
+    local all, out, skipped = redis.call('HGETALL', keys[1]), {}, 0
+    for i = 1, #all, 2 do
+      local name, count = all[i], all[i + 1]
+      if (name == 'o' or string.match(name, '^[hdmHDM]%-?%d+$')) and string.match(count, '^%-?%d+$') then
+        out[#out + 1] = name
+        out[#out + 1] = count
+      else
+        skipped = skipped + 1
+      end
+    end
+    if skipped > 0 then out[#out + 1] = '?'; out[#out + 1] = format('%d', skipped) end
+    return table.concat(out, ' ')
   end
   if op == 'reset' then
     local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
