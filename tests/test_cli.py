@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -219,6 +220,28 @@ def test_unreachable_redis_is_one_line_and_exit_3() -> None:
         assert "unavailable" in result.stderr and "127.0.0.1:1" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert TOKEN not in result.stderr + result.stdout
+
+
+def test_a_store_that_answers_with_an_error_exits_4(tmp_path: Path) -> None:
+    """Not "unreachable" (3, worth trying again later): a file that is no database, and a
+    damaged key, stay as they are until someone mends them."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database, " * 100)
+    not_a_db = cli("status", "--sqlite", str(junk), "--rate", "5/second", TOKEN)
+    path = tmp_path / "limits.db"
+    limiter = seed(path)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(
+        "UPDATE tc_meta SET pause_until = ? WHERE key = ?", (2**62, limiter.store_key(TOKEN))
+    )
+    db.close()
+    damaged = cli("status", "--sqlite", str(path), "--namespace", "crawl", TOKEN)
+    for result in (not_a_db, damaged):
+        assert result.returncode == 4, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert TOKEN not in result.stderr + result.stdout
+    assert "not a database" in not_a_db.stderr
+    assert f"store key {limiter.store_key(TOKEN)} is damaged" in damaged.stderr
 
 
 def seed(path: Path) -> Limiter:

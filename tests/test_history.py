@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -246,3 +248,55 @@ def test_a_history_it_cannot_prune_still_expires(redis_url: str) -> None:
     finally:
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+# Fields no store writes, each with what it holds: a count that is no number, a name with
+# a space or a line break (a reply's separators), a month past year 9999, an hour past
+# what a date holds, a negative count, an offset no zone has, cost beyond one per call
+# that is no number.
+JUNK = {
+    "h123": "abc",
+    "a b": "1",
+    "d1\n2": "1",
+    "m999999": "1",
+    "h99999999999999999999": "1",
+    "d5": "-3",
+    "o": "x",
+    "H7": "x",
+}
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+def test_junk_in_a_usage_history_is_left_out_with_one_warning(
+    kind: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hand in the store wrote fields into a key's history: history() shows the periods
+    the limiters counted, and says once, naming the store key, how many fields it left
+    out (it raised a bare ValueError or OverflowError, or dropped the whole history)."""
+    store: Backend
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        store = RedisBackend(url)
+    else:
+        path = request.getfixturevalue("tmp_path") / "limits.db"
+        store = SQLiteBackend(path)
+    limiter = Limiter(store, rates="10/second", clock=FakeClock(), history=History(zone="UTC"))
+    for cost in (1, 3):
+        assert limiter.try_acquire(TOKEN, cost=cost).allowed
+    key = limiter.store_key(TOKEN)
+    if kind == "redis":
+        client = redis.Redis.from_url(url)
+        client.hset(f"tc:{key}:history", mapping=JUNK)
+        client.close()
+    else:
+        db = sqlite3.connect(path, isolation_level=None)
+        fields = json.loads(db.execute("SELECT fields FROM tc_history").fetchone()[0])
+        fields |= {name: int(n) if n.lstrip("-").isdigit() else n for name, n in JUNK.items()}
+        db.execute("UPDATE tc_history SET fields = ?", (json.dumps(fields),))
+        db.close()
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        used = limiter.history(TOKEN)
+    assert [(p.calls, p.cost) for p in (*used.hours, *used.days, *used.months)] == [(2, 4)] * 3
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "throttle_client"]
+    assert f"store key {key}: {len(JUNK)} field(s)" in warning and TOKEN not in warning
+    store.close()

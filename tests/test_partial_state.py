@@ -1,18 +1,22 @@
-"""Partial or foreign state heals, never wedges a key (issue #8 §3).
+"""Partial, foreign or damaged state heals, never wedges a key (issue #8 §3).
 
 A key lives in two parts: its entries (Redis: the log zset; SQLite: tc_entries rows)
 and their summary (Redis: the meta string; SQLite: the tc_meta row). Either can be
-lost alone (maxmemory eviction, a DEL, a hand in the SQLite file) or be unreadable.
-Whatever is left, the next call repairs the key in its own atomic step, says so in one
-warning, and never admits a call that the lost state would have refused: every test
-runs the store beside the naive reference model (tests/model.py), which saw every
-call and lost nothing, and holds each slot the store hands out to be no earlier than
-the one the reference allows. Slots, not wall-clock time, are judged throughout.
+lost alone (maxmemory eviction, a DEL, a hand in the SQLite file) or be unreadable, or
+the summary can read well and hold what no limiter writes (a total below its base or its
+entries', a log it calls empty while it holds entries). Whatever is left, the next call
+repairs the key in its own atomic step, says so in one warning, and never admits a call
+that the lost state would have refused: every test runs the store beside the naive
+reference model (tests/model.py), which saw every call and lost nothing, and holds each
+slot the store hands out to be no earlier than the one the reference allows. Slots, not
+wall-clock time, are judged throughout. A time no limiter sets (a pause thousands of
+years ahead) has no such repair: the key is refused, by name, until it is reset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -29,11 +33,15 @@ from tests.model import Model
 from throttle_client import (
     AsyncLimiter,
     AsyncRedisBackend,
+    BackendError,
+    BackendUnavailable,
     Limiter,
+    MemoryBackend,
     Rate,
     RedisBackend,
     SQLiteBackend,
 )
+from throttle_client._backends.base import Snapshot
 from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import FakeClock
 
@@ -69,6 +77,28 @@ class RedisStore:
     def spoil_meta(self, key: str) -> None:
         assert self.client.set(self.part(key, "meta"), b"\xc1 not what this version writes")
 
+    # The meta's fields by their place in its msgpack (see the header of sliding_log.lua).
+    FIELDS: ClassVar[dict[str, int]] = {"last": 2, "total": 3, "base": 4, "pause": 5, "first": 6}
+    FIELDS |= {"since": 8, "until": 9, "limit": 10, "from": 11}
+
+    def rewrite_meta(self, key: str, **fields: float | None) -> None:
+        """The meta unpacked, ``fields`` set (None: -1, no slot), and packed again."""
+        args = [
+            a for name, v in fields.items() for a in (self.FIELDS[name], -1 if v is None else v)
+        ]
+        self.client.eval(
+            "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))}"
+            " for i = 1, #ARGV, 2 do t[tonumber(ARGV[i])] = tonumber(ARGV[i + 1]) end"
+            " redis.call('SET', KEYS[1], cmsgpack.pack(unpack(t, 1, 16)), 'KEEPTTL')",
+            1,
+            self.part(key, "meta"),
+            *args,
+        )
+
+    def drop_newest(self, key: str, n: int) -> None:
+        """The log's ``n`` newest entries deleted (call ids score below every entry)."""
+        assert self.client.zremrangebyrank(self.part(key, "log"), -n, -1) == n
+
     def close(self) -> None:
         self.backend.close()
         self.client.close()
@@ -89,6 +119,30 @@ class SQLiteStore:
     def spoil_meta(self, key: str) -> None:
         spoiled = self.db.execute("UPDATE tc_meta SET total = 'garbage' WHERE key = ?", (key,))
         assert spoiled.rowcount == 1
+
+    COLUMNS: ClassVar[dict[str, str]] = {"last": "last", "total": "total", "base": "base"}
+    COLUMNS |= {"pause": "pause_until"}
+
+    def rewrite_meta(self, key: str, **fields: float | None) -> None:
+        """tc_meta's columns set (SQLite has no ``first``: a log said empty has no last
+        slot); ``until``: a learned limit of 1 unit, from 0, until then."""
+        until = fields.pop("until", None)
+        fields.pop("first", None)
+        if until is not None:
+            self.db.execute(
+                "INSERT OR REPLACE INTO tc_learned VALUES (?, 0, ?, 1, 0)", (key, until)
+            )
+        for name, value in fields.items():
+            sql = f"UPDATE tc_meta SET {self.COLUMNS[name]} = ? WHERE key = ?"
+            assert self.db.execute(sql, (value, key)).rowcount == 1
+
+    def drop_newest(self, key: str, n: int) -> None:
+        newest = "SELECT cum FROM tc_entries WHERE key = ? ORDER BY cum DESC LIMIT ?"
+        cums = [cum for (cum,) in self.db.execute(newest, (key, n))]
+        self.db.executemany(
+            "DELETE FROM tc_entries WHERE key = ? AND cum = ?", [(key, c) for c in cums]
+        )
+        assert len(cums) == n
 
     def close(self) -> None:
         self.backend.close()
@@ -395,3 +449,119 @@ async def test_a_lost_log_is_repaired_for_the_async_client(
     # slot + 10 s, the repaired key the last slot + 10 s.
     assert slot == run.booked[-1] + 10 * US > run.booked[0] + 10 * US
     assert len(repairs(logging.WARNING)) == 1
+
+
+# -- a meta that reads well and holds what no limiter writes --------------------------------
+
+# Each damage written into a key that holds 5 units (5 calls), with its value: a fresh
+# meta's fields on Redis, its tc_meta columns on SQLite.
+DAMAGES: dict[str, dict[str, float | None]] = {
+    # "My log is empty, every unit trimmed" (Redis: first = -1; SQLite: no last slot).
+    "an empty log": {"first": None, "last": None, "base": 5},
+    "an empty log, its base kept": {"first": None, "last": None},
+    "a total lowered": {"total": 2},
+    "a total of zero": {"total": 0},
+    "a negative total": {"total": -10},
+    "a fractional total": {"total": 4.5},
+    "a total past 2^48": {"total": 2**50},
+    "a base above its total": {"base": 7},
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_meta_never_admits_more(
+    store: Store, repairs: Callable[[int], list[str]], damage: str
+) -> None:
+    """A full 5-per-10 s key whose meta then says it holds less: no call goes before the
+    window frees (each of these let 5 or 10 of 10 through, or failed every call), and
+    usage() says what the log holds. The meta is rebuilt from the log, with one warning."""
+    run = Run(store.backend, rates=[Rate(5, 10)], gap=0)
+    for _ in range(5):
+        run.acquire()
+        run.clock.advance(0.5)
+    fields = dict(DAMAGES[damage])
+    if store.kind != "sqlite":
+        fields.pop("last", None)  # (Redis: an empty log is said by `first` alone)
+    store.rewrite_meta(run.key, **fields)
+    run.exact = False
+    admitted = 0
+    for _ in range(10):
+        run.clock.advance(0.1)
+        admitted += run.limiter.try_acquire(TOKEN).allowed
+    assert admitted == 0
+    [rate] = run.limiter.usage(TOKEN).rates
+    assert (rate.used, rate.booked, rate.remaining) == (5, 0, 0)
+    run.acquire_many(10)  # each slot no earlier than the reference's
+    run.windows_hold()
+    [warning] = repairs(logging.WARNING)
+    assert run.key in warning and "rebuilt from the log" in warning and TOKEN not in warning
+
+
+def test_entries_gone_from_the_log_count_at_its_newest_slot(
+    store: Store, repairs: Callable[[int], list[str]]
+) -> None:
+    """The log's two newest entries deleted, its meta kept: the units the log lacks are
+    put at the newest slot the meta knows (as for a lost log), never left uncounted."""
+    run = Run(store.backend, rates=[Rate(5, 10)], gap=0)
+    for _ in range(5):
+        run.acquire()
+        run.clock.advance(1)
+    store.drop_newest(run.key, 2)
+    run.exact = False
+    assert not run.limiter.try_acquire(TOKEN)
+    [rate] = run.limiter.usage(TOKEN).rates
+    assert (rate.used, rate.booked) == (5, 0)
+    run.acquire_many(10)
+    run.windows_hold()
+    [warning] = repairs(logging.WARNING)
+    assert run.key in warning and "log was lost" in warning
+
+
+@pytest.mark.parametrize("field", ["pause", "until"])
+def test_a_time_no_limiter_sets_is_refused_until_the_key_is_reset(
+    store: Store, repairs: Callable[[int], list[str]], field: str
+) -> None:
+    """A pause (or a learned limit) 146,000 years ahead: waiting it out is no repair, and
+    dropping it is no more right than keeping it. Every call on the key fails, naming
+    the store key (never the token) and what to do, even for a limiter that fails open;
+    the other keys go on, and a reset frees it."""
+    run = Run(store.backend, rates=[Rate(5, 10)], gap=0)
+    run.acquire_many(2)
+    store.rewrite_meta(run.key, **{field: 2**62})
+    lenient = Limiter(
+        store.backend, rates=[Rate(5, 10)], margin=0, clock=run.clock, on_unavailable="allow"
+    )
+    for call in (
+        lambda: run.limiter.try_acquire(TOKEN),
+        lambda: run.limiter.acquire(TOKEN, timeout=1),
+        lambda: run.limiter.usage(TOKEN),
+        lambda: lenient.try_acquire(TOKEN),
+    ):
+        with pytest.raises(
+            BackendError, match=r"is damaged: its .+ 146\d{3} years ahead"
+        ) as caught:
+            call()
+        message = str(caught.value)
+        assert not isinstance(caught.value, BackendUnavailable)
+        assert run.key in message and "reset() the key" in message and TOKEN not in message
+    assert run.limiter.try_acquire(TOKEN + "-other").allowed
+    run.limiter.reset(TOKEN)
+    assert run.limiter.try_acquire(TOKEN).allowed
+    assert repairs(logging.WARNING) == []
+
+
+def test_usage_never_reports_units_no_key_can_have_used() -> None:
+    """Whatever damage gets past a store's checks: usage() refuses numbers out of range
+    (a negative count, or one past 2^48) rather than report them."""
+
+    class Damaged(MemoryBackend):
+        def execute(self, op: Any) -> Any:
+            answer = super().execute(op)
+            if isinstance(answer, Snapshot):
+                answer = dataclasses.replace(answer, used=(-90,), booked=2**48)
+            return answer
+
+    limiter = Limiter(Damaged(), rates=[Rate(5, 10)])
+    assert limiter.try_acquire(TOKEN).allowed
+    with pytest.raises(BackendError, match=r"is damaged: it reads as \(281474976710656, -90\)"):
+        limiter.usage(TOKEN)

@@ -401,10 +401,11 @@ def test_a_running_total_past_six_bytes_is_refused_clearly(
     limiter = Limiter(backend, margin=0, rates=["5/second"], clock=clock)
     assert limiter.try_acquire(TOKEN).allowed
     log, meta = redis_keys(limiter.store_key(TOKEN))
-    near = 2**48 - 2  # a key pushed near the end of 6-byte totals (by hand)
+    near = 2**48 - 2  # a key pushed near the end of 6-byte totals (by hand; its one
+    # entry's total above base, as in any key the script writes)
     client.eval(
         "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))}"
-        " t[3] = tonumber(ARGV[1]) t[4] = tonumber(ARGV[1])"
+        " t[3] = tonumber(ARGV[1]) t[4] = tonumber(ARGV[1]) - 1"
         " redis.call('SET', KEYS[1], cmsgpack.pack(unpack(t)), 'KEEPTTL')"
         " redis.call('DEL', KEYS[2])"
         " redis.call('ZADD', KEYS[2], t[2], struct.pack('>I6', tonumber(ARGV[1])))",

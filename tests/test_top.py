@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from rich.console import Console
 
 from throttle_client import Backend, Limiter, MemoryBackend, Rate, RedisBackend, SQLiteBackend
@@ -183,3 +185,71 @@ def test_a_long_call_keeps_its_key_in_top(tmp_path: Path) -> None:
         Limiter(backend, rates="5/second").try_acquire("other key")
         cards = [key for key, _ in backend.all_cards()]
     assert capped.store_key(TOKEN) in cards
+
+
+def damage(where: str, target: str, store_key: str, how: str = "pause") -> None:
+    """Damage a key with raw store calls: a pause of 2**62 µs (146,000 years), or (Redis)
+    its meta replaced by a hash, a key of the wrong type."""
+    if where == "sqlite":
+        db = sqlite3.connect(target, isolation_level=None)
+        sql = "UPDATE tc_meta SET pause_until = ? WHERE key = ?"
+        assert db.execute(sql, (2**62, store_key)).rowcount == 1
+        db.close()
+        return
+    client = redis.Redis.from_url(target)
+    meta = f"tc:{store_key}:meta"
+    if how == "wrong type":
+        client.delete(meta)
+        client.hset(meta, "total", "5")
+    else:
+        client.eval(
+            "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))} t[5] = tonumber(ARGV[1])"
+            " redis.call('SET', KEYS[1], cmsgpack.pack(unpack(t, 1, 16)), 'KEEPTTL')",
+            1,
+            meta,
+            2**62,
+        )
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "how"), [("sqlite", "pause"), ("redis", "pause"), ("redis", "wrong type")]
+)
+def test_top_leaves_out_a_damaged_key_and_shows_the_rest(
+    where: str, how: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """One key the store refuses to read (a pause no limiter sets, a meta of the wrong
+    type): top shows the others, names that one, and exits 0 (it showed the pause as if
+    set, or exited 3, "unreachable", showing nothing)."""
+    target = (
+        str(tmp_path / "limits.db") if where == "sqlite" else request.getfixturevalue("redis_url")
+    )
+    backend = SQLiteBackend(target) if where == "sqlite" else RedisBackend(target)
+    args = ["--sqlite" if where == "sqlite" else "--redis", target]
+    with seeded(backend) as limiters:
+        damaged = limiters["crawl"].store_key(f"{TOKEN}-mid")
+        damage(where, target, damaged, how)
+        result = cli("top", *args, "--json")
+        plain = cli("top", *args, "--iterations", "1")
+    assert result.returncode == 0, result.stderr
+    look = json.loads(result.stdout)
+    assert damaged not in [row["store_key"] for row in look["keys"]] and len(look["keys"]) == 4
+    assert look["damaged"] == [damaged]
+    assert plain.returncode == 0, plain.stderr
+    footer = plain.stdout.strip().splitlines()[-1]
+    assert footer == f"4 of 4 keys shown; 1 damaged key(s) left out, reset them: {damaged}"
+    assert TOKEN not in result.stdout + plain.stdout + plain.stderr
+
+
+def test_top_warns_of_the_key_it_leaves_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "limits.db"
+    with seeded(SQLiteBackend(path)) as limiters:
+        damaged = limiters["crawl"].store_key(f"{TOKEN}-low")
+        damage("sqlite", str(path), damaged)
+        with caplog.at_level("WARNING", logger="throttle_client"):
+            look = top.look(limiters["crawl"].backend)
+    assert look.damaged == (damaged,) and len(look.keys) == 4
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "throttle_client"]
+    assert f"top left out store key {damaged}" in warning and "reset() the key" in warning

@@ -5,14 +5,18 @@ a store keeps (``_backends/history.py``)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ._backends.history import OFFSET, HistorySpec
+from ._backends.history import FIELD, OFFSET, SKIPPED, HistorySpec
 from ._errors import ConfigurationError
+from ._ranges import MAX_TOTAL
 
 US = 1_000_000
 EPOCH = dt.datetime(1970, 1, 1)
+logger = logging.getLogger("throttle_client")
 
 
 @dataclass(frozen=True)
@@ -72,22 +76,43 @@ class UsageHistory:
     months: tuple[Period, ...]
 
 
-def read_history(fields: dict[str, int], zone: str | None) -> UsageHistory:
-    """The history a store's ``fields`` hold (unknown fields are left out), its periods
-    placed in ``zone``, else at the offset from UTC they were counted at."""
+def read_history(fields: Mapping[str, int], zone: str | None, key: str = "") -> UsageHistory:
+    """The history a store's ``fields`` hold, its periods placed in ``zone``, else at the
+    offset from UTC they were counted at. Fields no store writes (a count that is not one,
+    a period no calendar holds: a hand in the store) are left out, with one warning
+    naming the store ``key``; so are those the store left out itself (``SKIPPED``)."""
+    skipped = fields.get(SKIPPED, 0)
     if zone is not None:
         tz: dt.tzinfo = zone_of(zone)
     else:
-        tz = dt.timezone(dt.timedelta(microseconds=fields.get(OFFSET, 0)))
+        try:
+            tz = dt.timezone(dt.timedelta(microseconds=fields.get(OFFSET, 0)))
+        except (ValueError, OverflowError, TypeError):  # not an offset a zone has
+            tz, skipped = dt.timezone.utc, skipped + 1
         zone = str(tz)
     grains: dict[str, list[Period]] = {"h": [], "d": [], "m": []}
     for name, calls in fields.items():
         grain, number = name[:1], name[1:]
-        if grain not in grains or not number.lstrip("-").isdigit():
-            continue
-        period = int(number)
+        if name in (OFFSET, SKIPPED) or (grain in "HDM" and FIELD.match(name)):
+            continue  # (the units beyond one per call: read with their period, below)
         extra = fields.get(grain.upper() + number, 0)
-        grains[grain].append(Period(_start(grain, period, tz), calls, calls + extra))
+        try:
+            if grain not in grains or not FIELD.match(name):
+                raise ValueError(name)
+            if not (0 < calls < MAX_TOTAL and 0 <= extra < MAX_TOTAL):
+                raise ValueError(calls, extra)
+            start = _start(grain, int(number), tz)
+        except (ValueError, OverflowError, TypeError):
+            skipped += 1
+            continue
+        grains[grain].append(Period(start, calls, calls + extra))
+    if skipped:
+        logger.warning(
+            "throttle_client: store key %s: %d field(s) of its usage history were left out, "
+            "as no store writes them",
+            key,
+            skipped,
+        )
     ordered = {grain: tuple(sorted(ps, key=lambda p: p.start)) for grain, ps in grains.items()}
     return UsageHistory(zone, ordered["h"], ordered["d"], ordered["m"])
 

@@ -92,7 +92,7 @@ from ._flow import (
 from ._history import History, Offsets, UsageHistory, read_history, spec_for
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
-from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS
+from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS, MAX_TOTAL
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
 from ._store_clock import DRIFT, StoreClock
@@ -956,6 +956,14 @@ class _LimiterCore:
 
     def _usage_flow(self, store_key: str, now: float) -> Flow[Usage]:
         snap, _, _ = yield from self._ask_flow(self._inspect_op(store_key, now), now)
+        # The stores repair or refuse a damaged key; whatever damage gets past them is
+        # refused here rather than reported as units no key can have used.
+        counts = (snap.booked, *snap.used)
+        if not all(0 <= n < MAX_TOTAL for n in counts):
+            raise BackendError(
+                f"store key {store_key} is damaged: it reads as {counts} units used or "
+                "booked; reset() the key"
+            )
         usage = self._usage(snap)
         return dataclasses.replace(usage, upstream=self._upstream.get(store_key))
 
@@ -963,7 +971,7 @@ class _LimiterCore:
         op = ReadHistory(key=store_key, now_us=self._at(now))
         fields, _, _ = yield from self._ask_flow(op, now)
         # (A limiter that keeps no history reads one at the offset it was counted at.)
-        return read_history(fields, self._offsets.zone if self._history else None)
+        return read_history(fields, self._offsets.zone if self._history else None, store_key)
 
     def _learn_flow(
         self,

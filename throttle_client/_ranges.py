@@ -17,8 +17,15 @@ with a ConfigurationError when the limiter (or the Rate) is built, or when the c
 that carries them is made, before anything reaches the store.
 
 One number no input bound can hold: a key's running total of admitted units, which
-grows until the key goes idle and expires. The Redis script keeps it exact below
-2**53, that is for 8192 s of 2**40 units a second, or 200 million years of 5000 an hour.
+grows until the key goes idle and expires. The stores keep it below ``MAX_TOTAL``
+(2**48, six bytes per entry in the Redis log), that is for 256 s of 2**40 units a second,
+or 6 million years of 5000 an hour: a booking that would reach it is refused (reset the
+key).
+
+What a store holds is checked against these bounds too: a stored running total at or
+past ``MAX_TOTAL``, or a stored slot, pause or learned limit's end further ahead than
+``FAR_AHEAD_US`` (10 years, and a day of slack for clocks), was never written by a
+limiter: the key is damaged (see ``sliding_log``, "partial state").
 """
 
 from __future__ import annotations
@@ -29,3 +36,5 @@ MAX_SECONDS = 10 * 365.25 * 86400  # 10 years: 315,576,000 s
 MAX_US = round(MAX_SECONDS * 1_000_000)
 MAX_RATES = 16
 MAX_CONCURRENT = 2**20  # calls of one key in flight at once
+MAX_TOTAL = 2**48  # a key's running total stays below it (the Lua script's TOTALS)
+FAR_AHEAD_US = MAX_US + 86_400_000_000  # (the Lua script's AHEAD)

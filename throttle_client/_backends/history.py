@@ -25,8 +25,11 @@ from typing import NamedTuple
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
 GRAINS = ("h", "d", "m")  # hour, day, month: each one's calls field prefix
-FIELD = re.compile(r"^[hdmHDM]-?\d+$")  # a period's field, as the script too reads one
+FIELD = re.compile(r"[hdmHDM]-?[0-9]+\Z")  # a period's field, as the script too reads one
 OFFSET = "o"  # the field of the zone's offset from UTC (µs) the newest call was counted in
+# In what a store reads back (ReadHistory), not in what it keeps: how many fields it left
+# out as no store writes them (a hand in the store), for the reader to report.
+SKIPPED = "?"
 
 
 class HistorySpec(NamedTuple):

@@ -249,6 +249,8 @@ _REPAIRED: dict[bytes | str, str] = {
     "repaired:meta": "meta",
     b"repaired:older": "older",
     "repaired:older": "older",
+    b"repaired:damaged": "damaged",
+    "repaired:damaged": "damaged",
 }
 
 

@@ -550,6 +550,15 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
 #   entry, ``base`` from the oldest (:func:`rebuilt_base`); a pause in force is lost.
 # - Entries that no window can reach any more are simply dropped: that is a key that
 #   expired, not a loss.
+#
+# Or the summary reads well and holds what no step writes (a hand in the store, a backup
+# restored): numbers out of range or at odds with each other, or with the newest entry,
+# which the stores read with the summary at no extra cost. A summary that counts fewer
+# units than the entries hold (or says there are none) is rebuilt from them as if lost,
+# its pause kept ("damaged"); entries that hold fewer units than it counts get the
+# missing ones at the newest slot ("log"). A time further ahead than any limiter sets
+# (_ranges.FAR_AHEAD_US) has no such repair: the store refuses the key, by name, until
+# it is reset.
 
 
 def rebuilt_base(oldest_cum: int, quota: Quota, *, repaired: bool = False) -> int:
@@ -568,10 +577,14 @@ def still_matters(newest_slot: int, quota: Quota, now: int) -> bool:
 
 
 REPAIRS = {
-    "log": "its log was lost (evicted, deleted, or expired before its meta); its units are "
-    "now counted at its newest slot, so it may wait up to its longest period after that slot",
+    "log": "its log was lost (evicted, deleted, or expired before its meta; or only some of "
+    "its entries); the units it lacks are now counted at its newest slot, so it may wait up "
+    "to its longest period after that slot",
     "meta": "its meta was lost or unreadable; it was rebuilt from the log, counting "
     "conservatively, and any pause in force was lost",
+    "damaged": "its meta held values no limiter writes (a running total below its base or "
+    "unlike its log's, a log it called empty, a negative or fractional field); it was rebuilt "
+    "from the log, counting conservatively, and a pause in force was kept",
     "older": "it was written by an older version's Redis layout and is rewritten in this "
     "one, entry for entry; the call ids it held are dropped, so a retry begun before the "
     "upgrade books a new slot",

@@ -16,8 +16,10 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
     tc_coarse(key, logs)   its bounded rates' coarse logs, JSON (``sliding_log.Coarse``)
 
 All are written in one transaction, so only hands from outside can leave a key's
-rows without its meta, a meta without its rows, or a meta this version cannot read;
-the operation that finds such a key rebuilds it by the rules in ``sliding_log``.
+rows without its meta, a meta without its rows, a meta this version cannot read, or one
+at odds with its rows (a total below its base or its newest row's); the operation that
+finds such a key rebuilds it by the rules in ``sliding_log``, or refuses it (a time
+further ahead than any limiter sets) until it is reset.
 
 A grant made here rings this process's doorbell after the commit; a waiter in another
 process hears of it through :class:`SQLiteDoorbell`, a thread that watches the file.
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
+from .._ranges import FAR_AHEAD_US, MAX_TOTAL
 from . import history, leases, sliding_log
 from .base import (
     PUSHBACK_STEP_US,
@@ -139,13 +142,16 @@ CREATE INDEX IF NOT EXISTS tc_history_expiry ON tc_history (expires_at);
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
 # slots never go backwards, so ordering by slot then cum follows the (key, slot, cum) index.
-# The meta, and whether the key has any entry: a meta whose entries are gone is repaired.
-# (A learned limit, sliding_log.learn, lives in a table of its own, read with the meta.)
+# The meta, and the key's newest entry (its slot and running total: the highest), which
+# the meta must agree with: a meta whose entries are gone, or that counts otherwise than
+# they do, is repaired. (A learned limit, sliding_log.learn, lives in a table of its own,
+# read with the meta.)
 _META = (
-    "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, "
-    "EXISTS (SELECT 1 FROM tc_entries WHERE key = ?), l.since, l.until, l.lim, l.from_cum, "
-    "m.born, m.trimmed "
-    "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key WHERE m.key = ?"
+    "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, e.slot, e.cum, "
+    "l.since, l.until, l.lim, l.from_cum, m.born, m.trimmed "
+    "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key "
+    "LEFT JOIN tc_entries AS e ON e.key = m.key "
+    "AND e.cum = (SELECT max(cum) FROM tc_entries WHERE key = m.key) WHERE m.key = ?"
 )
 _NEWEST = "SELECT slot, cum FROM tc_entries WHERE key = ? ORDER BY slot DESC, cum DESC LIMIT 1"
 _OLDEST = "SELECT slot, cum, call_id FROM tc_entries WHERE key = ? ORDER BY slot, cum LIMIT 1"
@@ -251,7 +257,9 @@ _EXPIRED_HOLDERS = "SELECT key, lease_id FROM tc_holders WHERE expires_at <= ? L
 _DEAD_TICKETS = "SELECT key, lease_id FROM tc_tickets WHERE alive_until <= ? LIMIT ?"
 
 _INSERT = "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)"
-_REPAIRED_ID = "(repaired)"  # the call id of an entry rebuilt by repair(): no caller's id
+# The call id of an entry rebuilt by repair() (no caller's id begins so); one that adds
+# the units missing from a log that still holds entries carries its total after it.
+_REPAIRED_ID = "(repaired)"
 
 _SWEEP_EVERY = 1024  # operations (per connection) between sweeps of expired keys
 _SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much work
@@ -276,11 +284,13 @@ class _SQLiteLog:
         self.coarse_logs: dict[str, sliding_log.Coarse] | None = None  # read when first asked
         self.coarse_dirty = False
         self.live = True  # False: the stored rows are expired and must be ignored
-        # The part found lost or unreadable ("log" or "meta"), for repair() to rebuild;
-        # a meta that is merely missing is "meta" only if entries are left.
+        # The part found lost, unreadable or damaged ("log", "part", "meta" or "damaged"),
+        # for repair() to rebuild; a meta that is merely missing is "meta" only if entries
+        # are left.
         self.lost: str | None = None
         self.unreadable = False
-        row = db.execute(_META, (key, key)).fetchone()
+        self.newest = 0  # the newest entry's slot, for a repair of "part"
+        row = db.execute(_META, (key,)).fetchone()
         if row is None:
             if db.execute(_NEWEST, (key,)).fetchone() is not None:
                 self.lost = "meta"
@@ -288,12 +298,12 @@ class _SQLiteLog:
             self.lost, self.unreadable = "meta", True
         elif not 0 < row[4] <= now:
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
-            if all(type(n) is int for n in row[6:10]):
-                self.learned = row[6:10]
-            self.born = row[10] if type(row[10]) is int else 0
-            self.trimmed = row[11] if type(row[11]) is int else 0
-            if self.total > self.base and not row[5]:
-                self.lost = "log"
+            if all(type(n) is int for n in row[7:11]):
+                self.learned = row[7:11]
+            self.born = row[11] if type(row[11]) is int else 0
+            self.trimmed = row[12] if type(row[12]) is int else 0
+            self.lost = _damage(row)
+            self.newest = row[5] or 0
         elif writable:  # nothing in it matters any more: start afresh
             self.delete()
         else:  # a read must not write: look as if the key were gone
@@ -310,7 +320,17 @@ class _SQLiteLog:
                 return None
             # All of the lost units at the newest slot.
             self.db.execute(_INSERT, (self.key, self.last, self.total, _REPAIRED_ID))
+        elif lost == "part":  # the units its entries lack, at the newest slot too
+            assert self.last is not None
+            self.last = max(self.last, self.newest)
+            repaired_id = f"{_REPAIRED_ID}{self.total}"
+            self.db.execute(_INSERT, (self.key, self.last, self.total, repaired_id))
+            lost = "log"
         else:
+            # A damaged meta's pause is kept (only ever more careful); an unreadable one's
+            # is lost with it.
+            pause = self.pause_until if lost == "damaged" and self.pause_until > 0 else 0
+            self.last, self.total, self.base, self.trimmed, self.born = None, 0, 0, 0, now
             self.db.execute(_FORGET_META, (self.key,))
             # A learned limit goes with its meta (as on Redis, where it lives in the meta):
             # the running total it counts from may not be the rebuilt one's.
@@ -319,13 +339,14 @@ class _SQLiteLog:
             newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
             if newest is None or not sliding_log.still_matters(newest[0], quota, now):
                 self.db.execute(_FORGET_ENTRIES, (self.key,))
-                if not self.unreadable:
+                if lost == "meta" and not self.unreadable:
                     return None  # a key whose time was up: nothing was lost
             else:
                 oldest = self.db.execute(_OLDEST, (self.key,)).fetchone()
                 self.last, self.total = newest
-                repaired = oldest[2] == _REPAIRED_ID
+                repaired = oldest[2].startswith(_REPAIRED_ID)
                 self.base = sliding_log.rebuilt_base(oldest[1], quota, repaired=repaired)
+            self.pause_until = pause
         self.dirty = True
         self.expire_at(max(now, self.last or 0, self.pause_until) + quota.horizon_us)
         return lost
@@ -354,7 +375,25 @@ class _SQLiteLog:
         slot: int | None = self._one(_FIRST_AFTER, t)
         return slot
 
+    def check(self, now: int) -> None:
+        """BackendError for a key no call may use until it is reset: a time further ahead
+        than any limiter sets (waiting for it would stall the key for that long), or a
+        running total past what a store keeps."""
+        until = self.learned[1] if self.learned is not None else 0
+        times = {"newest slot": self.last or 0, "pause": self.pause_until, "learned limit": until}
+        for what, at in times.items():
+            if at > now + FAR_AHEAD_US:
+                years = (at - now) / (365.25 * 86400e6)
+                raise _damaged(self.key, f"its {what} is {years:.0f} years ahead")
+        if not 0 <= self.base <= self.total < MAX_TOTAL:
+            raise _damaged(self.key, f"its running total {self.total} is out of range")
+
     def append(self, t: int, cost: int, call_id: str) -> None:
+        if self.total + cost >= MAX_TOTAL:  # (as the Redis script, whose entries hold 6 bytes)
+            raise BackendError(
+                f"store key {self.key}: running total {self.total} + {cost} reaches 2^48: "
+                "reset() the key"
+            )
         self.total += cost
         self.last = t
         self.dirty = True
@@ -451,14 +490,33 @@ def _well_formed(flat: Any) -> bool:
 
 
 def _readable(row: tuple[Any, ...]) -> bool:
-    """Whether a tc_meta row holds what this version writes (a column of SQLite takes
-    any value, whatever its declared type)."""
+    """Whether a tc_meta row holds numbers where this version writes them (a column of
+    SQLite takes any value, whatever its declared type)."""
     last, total, base, pause_until, expires_at = row[:5]
     numbers = (total, base, pause_until, expires_at)
-    if not all(type(n) is int for n in numbers) or not 0 <= base <= total:
-        return False
-    # A key that was only ever paused is the one kind without a last slot.
-    return type(last) is int or (last is None and total == base)
+    return all(type(n) is int for n in numbers) and (last is None or type(last) is int)
+
+
+def _damage(row: tuple[Any, ...]) -> str | None:
+    """What repair() must rebuild of a readable key (``_META``'s row): "damaged" for a
+    meta that no step writes (out of range, at odds with itself, or counting fewer units
+    than its entries or another newest slot: rebuilt from them), "part" for entries
+    that lack units it counts, "log" for none left; None when the two agree."""
+    last, total, base, pause_until, _, slot, cum = row[:7]
+    if not 0 <= base <= total < MAX_TOTAL or pause_until < 0:
+        return "damaged"
+    if last is None and total != base:  # (a key only ever paused has no last slot)
+        return "damaged"
+    if cum is None:
+        return "log" if total > base else None
+    # Every entry's running total lies above base: those below it were trimmed.
+    if cum <= base or cum > total or (cum == total and slot != last):
+        return "damaged"
+    return "part" if cum < total else None
+
+
+def _damaged(key: str, what: str) -> BackendError:
+    return BackendError(f"store key {key} is damaged: {what}; reset() the key")
 
 
 class _SQLiteLeases:
@@ -859,12 +917,16 @@ class SQLiteBackend(Backend):
         logs: list[_SQLiteLog] = []
         for key, quota in parts:
             log = _SQLiteLog(db, key, now, writable=writable)
-            if log.lost and quota is not None:  # a reset forgets all
+            if quota is None:  # a reset forgets all
+                logs.append(log)
+                continue
+            if log.lost:
                 if not writable:
                     raise _RepairNeeded
                 part = log.repair(quota, now)
                 if part:
                     repaired.append((key, part))
+            log.check(now)
             logs.append(log)
         return logs
 
@@ -989,19 +1051,30 @@ def _count(db: sqlite3.Connection, op: Acquire | AcquireAll, slot: int, now: int
     for spec in op.history:
         row = db.execute(_HISTORY_OF, (spec.key, now)).fetchone()
         fields = _fields(row[0]) if row else {}
+        fields.pop(history.SKIPPED, None)  # (what was left out is not written back)
         history.record(fields, spec, slot, history_cost(op, spec.key))
         expires = slot + history.kept_us(spec.keep)
         db.execute(_HISTORY, (spec.key, json.dumps(fields, separators=(",", ":")), expires))
 
 
 def _fields(text: str) -> dict[str, int]:
-    """A stored history's fields; a damaged one begins again (never an error)."""
+    """A stored history's fields as the store writes them, and how many others it held
+    (``history.SKIPPED``); one that is not even JSON of an object begins again (never an
+    error)."""
     try:
-        fields = json.loads(text)
-        kept = {str(name): int(n) for name, n in fields.items()}
-        return {k: n for k, n in kept.items() if k == history.OFFSET or history.FIELD.match(k)}
-    except (ValueError, TypeError, AttributeError):
-        return {}
+        stored = json.loads(text)
+        if not isinstance(stored, dict):
+            raise TypeError(type(stored))
+    except (ValueError, TypeError):
+        return {history.SKIPPED: 1}
+    fields = {
+        name: n
+        for name, n in stored.items()
+        if type(n) is int and (name == history.OFFSET or history.FIELD.match(name))
+    }
+    if len(fields) < len(stored):
+        fields[history.SKIPPED] = len(stored) - len(fields)
+    return fields
 
 
 def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:

@@ -10,7 +10,9 @@ otherwise, or when its output is not a terminal, a plain progress line on stderr
 once a second; ``--json`` prints only the summary, as one JSON object.
 
 Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed;
-2 bad arguments; 3 the store could not be reached or answered with an error.
+2 bad arguments; 3 the store could not be reached (BackendUnavailable); 4 the store
+answered with an error that waiting will not mend (BackendError: a damaged key, a wrong
+password or a missing permission, a file that is not a database).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 from throttle_client import (
     Backend,
     BackendError,
+    BackendUnavailable,
     Card,
     ConfigurationError,
     History,
@@ -48,7 +51,7 @@ PROG = "throttle-client"
 # Where the library reads its key secret when none is given (README, "Tokens are
 # secrets"): status and reset hash keys with it, as every worker's limiter does.
 SECRET_ENV = "THROTTLE_CLIENT_KEY_SECRET"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_STORE_ERROR = 0, 1, 2, 3, 4
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Client-side throttling shared by many workers: a live demo, and a look at "
         "(or reset of) a key's limits in Redis or SQLite.",
         epilog="Exit status: 0 success; 1 the demo saw a rejected request or a crawler failed; "
-        "2 bad arguments; 3 the store could not be reached.",
+        "2 bad arguments; 3 the store could not be reached; 4 the store answered with an error "
+        "(a damaged key, a wrong password or permission, a file that is not a database).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -644,9 +648,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_UsageError, ConfigurationError) as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BackendError as exc:  # BackendUnavailable included
+    except BackendUnavailable as exc:  # it may answer again: worth trying later
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_STORE
+    except BackendError as exc:  # it answered: someone must mend the key or the settings
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return EXIT_STORE_ERROR
     except (ThrottleError, _demo.DemoError, OSError) as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_FAILED

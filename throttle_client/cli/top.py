@@ -4,19 +4,31 @@ It reads the store only: every key's card (``throttle_client._cards``: its label
 the rules its limiters keep, written beside it by their decisions), found with SCAN in
 steps of bounded cost (never KEYS), then each key's usage under those rules, one read
 (``Inspect``) per key. At most ``scan_limit`` keys are read per look: a store of more
-keys shows the fullest of those read, and says that it stopped there.
+keys shows the fullest of those read, and says that it stopped there. A key the store
+refuses to read (damaged: see ``sliding_log``, "partial state") is left out with a
+warning, and the look names it; a store that cannot be reached fails the look.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from throttle_client import Backend, Card, ConfigurationError, Limiter, key_label
+from throttle_client import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Card,
+    ConfigurationError,
+    Limiter,
+    key_label,
+)
 
 SCAN_LIMIT = 10_000  # keys read per look, by default
+logger = logging.getLogger("throttle_client")
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class Look:
     read: int  # keys whose card was read
     unreadable: int  # cards this version cannot read (another version's, or damaged)
     truncated: bool  # more keys than scan_limit: not all were read
+    damaged: tuple[str, ...] = ()  # store keys whose usage the store refused to read
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,6 +78,7 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
     of any, and each key's usage under its rules."""
     limiters: dict[Card, Limiter] = {}  # one per set of rules
     rows, read, unreadable, truncated = [], 0, 0, False
+    damaged: list[str] = []
     for store_key, text in backend.all_cards(namespace):
         if read == scan_limit:
             truncated = True
@@ -91,7 +105,13 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
             except ConfigurationError:  # rules this version cannot keep: as unreadable
                 unreadable += 1
                 continue
-        rows.append(_row(store_key, card, limiter))
+        try:
+            rows.append(_row(store_key, card, limiter))
+        except BackendUnavailable:
+            raise  # the store, not this key: no look at all
+        except BackendError as exc:  # this key only: the others are shown
+            logger.warning("throttle_client: top left out store key %s: %s", store_key, exc)
+            damaged.append(store_key)
     told = backend.pushback([row.store_key for row in rows])
     for number, row in enumerate(rows):
         said = told.get(row.store_key)
@@ -102,7 +122,7 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
             reason = said.reason if row.paused_for and ends else None
             rows[number] = dataclasses.replace(row, reason=reason, refused=said.refused)
     rows.sort(key=lambda row: (row.paused_for > 0, row.fullness, row.booked), reverse=True)
-    return Look(tuple(rows), read, unreadable, truncated)
+    return Look(tuple(rows), read, unreadable, truncated, tuple(damaged))
 
 
 def _row(store_key: str, card: Card, limiter: Limiter) -> KeyRow:
@@ -164,6 +184,9 @@ def footer(view: Look, rows: int) -> str:
         parts.append(f"stopped after reading {view.read} key(s) (--scan-limit)")
     if view.unreadable:
         parts.append(f"{view.unreadable} cards of another version skipped")
+    if view.damaged:
+        keys = ", ".join(view.damaged)
+        parts.append(f"{len(view.damaged)} damaged key(s) left out, reset them: {keys}")
     return "; ".join(parts)
 
 

@@ -1,7 +1,8 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
--- shaped so that an admission costs five redis.call()s: TIME, GET, EXISTS, ZADD, SET (and
--- a batch of admissions of one key, one ZADD each and the other four once: run_batch).
+-- shaped so that an admission costs five redis.call()s: TIME, GET, ZRANGE (L's newest
+-- entry, checked against M), ZADD, SET (and a batch of admissions of one key, one ZADD
+-- each and the other four once: run_batch).
 --
 -- KEYS[1] L, the log: one zset holding each admitted call once: member = its running
 --         total as 6 bytes big-endian (so members of one slot sort by total), score =
@@ -60,8 +61,9 @@
 -- A part of the key that is lost (L or M) or unreadable (M) is rebuilt, conservatively,
 -- by whichever call finds it so (see "Partial state" below); that call's reply is led
 -- by the word "repaired:log" or "repaired:meta" (acquire_all: "repaired:log:2" names its
--- second key), or "repaired:older" for a log rewritten from the older layout, so that
--- the client can say so.
+-- second key), "repaired:damaged" for an M that held what no call writes (see "Damage"
+-- below), or "repaired:older" for a log rewritten from the older layout, so that the
+-- client can say so.
 
 -- The chunk only defines; run() does the work. So the same text is a script for EVALSHA
 -- (its last line runs it) and, on Redis >= 7, a function library for FCALL (the backend
@@ -236,8 +238,6 @@ end
 -- on a key find it here, read already (with the same quota, at the same now).
 local opened, opened_order
 
--- One key's state, read from its M, with whatever is lost rebuilt first.
---
 -- Partial state. L and M expire together, but either can be lost alone (maxmemory
 -- eviction, a DEL, keys written by an older version) and M can hold bytes this script
 -- cannot read. Whatever is missing is rebuilt here, in this atomic step, so that the
@@ -277,6 +277,63 @@ local function convert(log, base)
   return old[2] and tonumber(old[2]) or -1, wcum
 end
 
+-- Damage. M may also read well and still hold what no step of this script writes (a hand
+-- in the store, a restored backup, a bug): each field is checked against its range and
+-- the others, and against L's newest entry (read in place of a plain EXISTS: no more
+-- calls), so that a meta that counts fewer units than L holds can never admit more:
+-- - numbers out of range or at odds with each other (a total below `base`, a negative
+--   or fractional field, `first` after `last`, a log said empty with units past `base`),
+--   or a newest entry of L beyond M's total or at another slot, or one that still matters
+--   while M says L is empty: M is rebuilt from L as if it were lost (a readable pause is
+--   kept): "repaired:damaged";
+-- - L's newest entry below M's total (units deleted from L): the units it lacks are put
+--   at the newest slot, as for a lost log: "repaired:log";
+-- - a slot, a pause or a learned limit's end further ahead than any limiter sets (10
+--   years, _ranges.py): no conservative repair exists (the key would wait that long),
+--   so every call on the key fails, naming the store key, until it is reset.
+local AHEAD = 315662400000000 -- 10 years and a day (µs): _ranges.FAR_AHEAD_US
+
+local function damaged(meta, what) -- the error for a key no call may use until it is reset
+  local name = string.match(meta, '^tc:(.+):meta$') or meta
+  return format('store key %s is damaged: %s; reset() the key', name, what)
+end
+
+local function well_formed(k)
+  local fields = {k.last, -1, k.first, -1, k.idold, -1, k.total, 0, k.base, 0, k.wcum, 0,
+    k.pause, 0, k.expires, 0, k.born, 0, k.trimmed, 0, k.since, 0, k["until"], 0, k.learned, 0, k.from, 0}
+  for i = 1, #fields, 2 do
+    if not whole(fields[i], fields[i + 1]) then return false end
+  end
+  if k.total >= TOTALS or k.from >= TOTALS or k.base > k.total or k.wcum > k.total then return false end
+  if k.first < 0 then return k.total == k.base end -- (an empty log: every unit trimmed)
+  return k.first <= k.last and k.total > k.base -- (every entry's total is above `base`)
+end
+
+-- What lies further ahead than any limiter sets, if anything; `slot`: the newest slot
+-- too (M's, which L's newest entry may yet correct, is checked before L is written).
+local function too_far(k, slot)
+  local function years(t) return (t - now) / 31557600000000 end
+  if slot and k.last > now + AHEAD then return format('its newest slot is %.0f years ahead', years(k.last)) end
+  if k.pause > now + AHEAD then return format('its pause ends %.0f years ahead', years(k.pause)) end
+  if k["until"] > now + AHEAD then
+    return format('its learned limit ends %.0f years ahead', years(k["until"]))
+  end
+end
+
+local function placed(k, back) -- the entry `back` places before the newest: slot, total
+  local hit = redis.call('ZRANGE', k.log, -back - 1, -back - 1, 'WITHSCORES')
+  local slot = tonumber(hit[2]) -- (below the entries: the call ids, scored < 0)
+  if slot and slot >= 0 then return slot, total_of(hit[1]) end
+end
+
+local function fresh_key(log, meta, q)
+  return {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
+          since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
+          views = {}, trimmed = 0}
+end
+
+-- One key's state, read from its M, with whatever is lost or damaged rebuilt first
+-- (nil and the error when it cannot be used).
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local known = opened[meta]
   if known then
@@ -287,10 +344,8 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     flush(known) -- read by another quota or at another now: written first, read again
     opened[meta] = nil
   end
-  local k = {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
-             since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
-             views = {}, trimmed = 0}
-  local fixed, older
+  local k = fresh_key(log, meta, q)
+  local fixed, older, pause
   local state = redis.call('GET', meta)
   if state then
     local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse, trimmed = pcall(cmsgpack.unpack, state)
@@ -308,35 +363,58 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       else
         older = true
       end
+      local wrong = too_far(k, false) -- (before the ranges: 2^62 is no whole number here)
+      if wrong then return nil, damaged(meta, wrong) end
+      if not well_formed(k) then -- rebuilt from L below, as if it were missing
+        state, fixed, pause = nil, 'damaged', whole(k.pause, 0)
+      end
     else
       state, fixed = nil, 'meta' -- unreadable: rebuilt from L below, as if it were missing
     end
   end
   if state then
-    -- L lost, M kept: M says entries exist (and so L exists, the newest entry at least).
-    -- Nothing tells when the lost units were admitted, so all of them are put at the
-    -- newest slot: a rate that they fill waits until that slot + its period. A stall of at
-    -- most one period after the last slot, never over-use.
+    -- (A renewal past any time this script sets would never come: L would expire first.)
+    if k.expires > now + 3 * AHEAD then k.expires = 0 end
     if older then -- (a log lost as well is repaired next, from what M says)
       local first, wcum = convert(log, k.base)
       if first >= 0 then k.first, k.wcum = first, wcum end
       k.idold, fixed = -1, 'older'
     end
-    if k.first >= 0 and redis.call('EXISTS', log) == 0 then
+    local slot, top = placed(k, 0) -- L's newest entry, checked against M
+    if k.first >= 0 and (not slot or top < k.total) then -- (L is written below)
+      local wrong = too_far(k, true)
+      if wrong then return nil, damaged(meta, wrong) end
+    end
+    -- L lost, M kept: M says entries exist (and so L exists, the newest entry at least).
+    -- Nothing tells when the lost units were admitted, so all of them are put at the
+    -- newest slot: a rate that they fill waits until that slot + its period. A stall of at
+    -- most one period after the last slot, never over-use.
+    if k.first >= 0 and not slot then
       if k.total > k.base and k.last + q.horizon > now then
         redis.call('ZADD', log, format('%d', k.last), collapsed(k.total))
         k.first, k.wcum, k.idold, fixed = k.last, k.total, -1, 'log'
       else -- no window reaches the lost entries any more: no loss, an empty log
         k.first, k.base = -1, k.total
       end
+    elseif k.first >= 0 and top < k.total then -- units gone from L: at its newest slot too
+      k.last = math.max(k.last, slot)
+      redis.call('ZADD', log, format('%d', k.last), collapsed(k.total))
+      k.wcum, fixed = k.total, 'log'
+    elseif slot and (top > k.total or (k.first >= 0 and slot ~= k.last)
+        or (k.first < 0 and slot + q.horizon > now)) then
+      state, fixed, pause = nil, 'damaged', k.pause -- M counts less than L holds
     end
-  else
+  end
+  if not state then
     -- No readable M: a new key, or M lost. If L still holds an entry that matters, M is
     -- rebuilt from it: last and total from the newest entry, first from the oldest, and
     -- base from the oldest's running total less the smallest limit (that entry cost no
     -- more than that: this counts too much, never too little), or 0 if the oldest was
-    -- made by a repair (it may hold any number of units). A pause in force is lost.
-    -- Costs are unknown: every entry up to the total counts as weighted (wcum).
+    -- made by a repair (it may hold any number of units). A pause in force is lost, but
+    -- that of a damaged M, when it reads as one. Costs are unknown: every entry up to the
+    -- total counts as weighted (wcum).
+    k = fresh_key(log, meta, q)
+    k.pause = pause or 0
     local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
     if newest[1] and tonumber(newest[2]) + q.horizon > now then
       if #newest[1] >= 16 then -- the older layout's "s" .. 15 digits: rewritten first
@@ -346,11 +424,13 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       local oldest = redis.call('ZRANGEBYSCORE', log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       k.last, k.first, k.total = tonumber(newest[2]), tonumber(oldest[2]), total_of(newest[1])
       k.base = #oldest[1] == 7 and 0 or math.max(0, total_of(oldest[1]) - q.smallest)
-      k.wcum, k.idold, fixed = k.total, 0, 'meta' -- (0: any ids there go at the next booking)
+      k.wcum, k.idold, fixed = k.total, 0, fixed or 'meta' -- (0: any ids there go at the next booking)
     else -- nothing in L can matter any more (or there is no L): a fresh start
       redis.call('DEL', log)
     end
   end
+  local wrong = too_far(k, true)
+  if wrong then return nil, damaged(meta, wrong) end
   if fixed then
     repaired = index and (fixed .. ':' .. index) or fixed
     save(k, math.max(now, k.last, k.pause) + q.horizon, true)
@@ -358,12 +438,6 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   opened[meta] = k
   opened_order[#opened_order + 1] = k
   return k
-end
-
-local function placed(k, back) -- the entry `back` places before the newest: slot, total
-  local hit = redis.call('ZRANGE', k.log, -back - 1, -back - 1, 'WITHSCORES')
-  local slot = tonumber(hit[2]) -- (below the entries: the call ids, scored < 0)
-  if slot and slot >= 0 then return slot, total_of(hit[1]) end
 end
 
 -- The slot at which the running total reaches `target` (0 < target <= total): that
@@ -375,8 +449,8 @@ end
 local function time_at_cum(k, target)
   if target <= k.base then return k.trimmed end
   if target >= k.wcum then
-    local slot = placed(k, k.total - target)
-    if slot then return slot end
+    local slot, cum = placed(k, k.total - target)
+    if cum == target then return slot end -- (else a damaged wcum: the bisection holds)
   end
   local lo, hi, slot = 0, k.total - target + 1, k.last
   while hi - lo > 1 do
@@ -391,7 +465,7 @@ local function cum_through(k, t)
   if t < k.trimmed then return 0 end -- (how many trimmed units lie before t is not known)
   if k.first < 0 or t < k.first then return k.base end
   local hit = redis.call('ZREVRANGEBYSCORE', k.log, format('%d', t), 0, 'LIMIT', 0, 1)[1]
-  return total_of(hit)
+  return hit and total_of(hit) or k.base -- (none: a `first` later than M says)
 end
 
 -- Bounded rates (sliding_log.py: Coarse, coarse_of, placed). A bounded rate counts in a
@@ -801,7 +875,20 @@ local function run_one(keys, argv)
   repaired = nil
   local op = argv[1]
   if op == 'history_read' then -- a key's usage history: "field count field count ..."
-    return table.concat(redis.call('HGETALL', keys[1]), ' ')
+    -- Only fields as count_history writes them pass, so that no name or value can break
+    -- the reply (a space, a line of a batch's reply); the others are counted, as "? N".
+    local all, out, skipped = redis.call('HGETALL', keys[1]), {}, 0
+    for i = 1, #all, 2 do
+      local name, count = all[i], all[i + 1]
+      if (name == 'o' or string.match(name, '^[hdmHDM]%-?%d+$')) and string.match(count, '^%-?%d+$') then
+        out[#out + 1] = name
+        out[#out + 1] = count
+      else
+        skipped = skipped + 1
+      end
+    end
+    if skipped > 0 then out[#out + 1] = '?'; out[#out + 1] = format('%d', skipped) end
+    return table.concat(out, ' ')
   end
   if op == 'reset' then
     local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
@@ -917,7 +1004,9 @@ local function run_one(keys, argv)
     if at ~= #keys + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
     local keys, pause = {}, 0
     for i = 1, n do
-      keys[i] = open(logs[i], metas[i], quotas[i], i)
+      local problem
+      keys[i], problem = open(logs[i], metas[i], quotas[i], i)
+      if not keys[i] then return fail(problem) end
       if keys[i].pause > pause then pause = keys[i].pause end
       local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
       if problem then return fail(problem .. ' for key #' .. i) end
@@ -1020,7 +1109,9 @@ local function run_one(keys, argv)
 
   local q, problem = read_quota(argv[2])
   if not q then return fail(problem) end
-  local k = open(keys[1], keys[2], q)
+  local k
+  k, problem = open(keys[1], keys[2], q)
+  if not k then return fail(problem) end
 
   if op == 'acquire' then
     -- A third key: its usage history, in argv[9..13] (lead and mark are then given).
