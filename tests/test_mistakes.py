@@ -126,3 +126,19 @@ def test_a_cold_connection_counts_against_the_timeout() -> None:
     with pytest.raises(ThrottleTimeout):
         limiter.acquire("k", timeout=0.9)
     assert clock.now - started == pytest.approx(0.5)  # the cold call, and no sleep after it
+
+
+def test_log_lines_do_not_repeat_the_logger_name(caplog: pytest.LogCaptureFixture) -> None:
+    """Every line goes to the "throttle_client" logger, whose name a handler prints: a
+    message that names it again reads "throttle_client: throttle_client: ..."."""
+    from throttle_client import RedisBackend
+    from throttle_client._redis_server import free_port
+
+    with caplog.at_level(logging.DEBUG, logger="throttle_client"):
+        down = RedisBackend(f"redis://127.0.0.1:{free_port()}/0")
+        limiter = Limiter(down, rates=["2/second"], min_interval=0.01, on_unavailable="allow")
+        limiter.try_acquire("k")  # the store is unavailable, and the policy applies
+        down.close()
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("throttle_client")]
+    assert len(messages) >= 2
+    assert not [m for m in messages if m.startswith("throttle_client")]

@@ -132,4 +132,4 @@ class Listeners:
             try:
                 listener(event)
             except Exception:  # a listener's bug must not fail the call it watches
-                log.warning("throttle_client: an event listener raised", exc_info=True)
+                log.warning("an event listener raised", exc_info=True)

@@ -157,7 +157,7 @@ class FailureGuard:
             with self._lock:
                 if self._down:
                     self._down = False
-                    log.warning("throttle_client: the store answers again")
+                    log.warning("the store answers again")
 
     def failed(self, exc: BackendUnavailable, now: float) -> None:
         with self._lock:
@@ -166,7 +166,7 @@ class FailureGuard:
             if not self._down:
                 self._down = True
                 log.warning(
-                    "throttle_client: the store is unavailable (%s); on_unavailable=%r applies",
+                    "the store is unavailable (%s); on_unavailable=%r applies",
                     exc,
                     self.on_unavailable,
                 )

@@ -143,7 +143,7 @@ class _Held:
         if not kept and not self.lost_warned:
             self.lost_warned = True
             log.warning(
-                "throttle_client: a lease on %s had expired in the store before it was "
+                "a lease on %s had expired in the store before it was "
                 "renewed (a stall longer than lease_ttl=%gs, or a store that lost it); it "
                 "is held again, possibly over the cap for a while",
                 self.charges[0].key,
@@ -162,7 +162,7 @@ def _ending_failed(held: _Held, what: str, exc: Exception) -> None:
     # expires on its own, within its TTL.
     unavailable = isinstance(exc, BackendUnavailable) or not isinstance(exc, BackendError)
     level = logging.INFO if unavailable else logging.ERROR
-    log.log(level, "throttle_client: could not %s a lease (%s); it expires on its own", what, exc)
+    log.log(level, "could not %s a lease (%s); it expires on its own", what, exc)
 
 
 def _never_ended(held: _Held) -> None:

@@ -92,6 +92,7 @@ from ._flow import (
 from ._history import History, Offsets, UsageHistory, read_history, spec_for
 from ._keys import check_namespace, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
+from ._lives import Lives
 from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS, MAX_TOTAL
 from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
@@ -217,6 +218,7 @@ class _LimiterCore:
         self._host_clock = StoreClock(drift=drift)  # answers from on_unavailable
         self._warned_spread = threading.Event()
         self._rtt = 0.0  # the latest round trip to the store (seconds)
+        self._lives = Lives()  # what this worker knows of its keys' lives in the store
         # The margin widens every window and the gap in the slot arithmetic: requests
         # that leave up to ``margin`` after their slots still never crowd a window, nor
         # come closer than the gap, as the upstream counts them on arrival. With no gap
@@ -448,13 +450,16 @@ class _LimiterCore:
 
     def _charges(self, key: str, cost: int, also: Also, now: float) -> tuple[Charge, ...]:
         """Each key the call is charged to, with its quota and its cost, checked."""
-        charges = [Charge(self.store_key(key), self._quota_at(now), self._cost(cost))]
+        charges = [self._charge(key, cost, now)]
         for other, other_key, other_cost in (_also_entry(entry, cost) for entry in also):
             self._check_partner(other)
-            charges.append(
-                Charge(other.store_key(other_key), other._quota_at(now), other._cost(other_cost))
-            )
+            charges.append(other._charge(other_key, other_cost, now))
         return tuple(charges)
+
+    def _charge(self, key: str, cost: int, now: float) -> Charge:
+        store_key = self.store_key(key)
+        quota, expect = self._quota_at(now), self._lives.expect(store_key, self._store_time_us, now)
+        return Charge(store_key, quota, self._cost(cost), expect)
 
     def _acquire_op(
         self,
@@ -482,6 +487,7 @@ class _LimiterCore:
                 mark_us=mark_us,
                 cards=self._cards_due(store_key, now),
                 history=self._history_of(store_key),
+                expect=self._lives.expect(store_key, self._store_time_us, now),
             )
         # A stacked call (also=), or a capped one (lease_id: the store keeps its lease
         # with its slot).
@@ -611,6 +617,8 @@ class _LimiterCore:
             clock = self._observe(
                 from_store, sent if from_store else now, now, verdict.now_us, timed=not cold
             )
+            if from_store and verdict.lives:
+                self._remember(op, verdict, also)
             if verdict.waiting and isinstance(op, AcquireAll):
                 left = max_wait_us - round((now - started) * US)
                 if left > 0:
@@ -632,7 +640,9 @@ class _LimiterCore:
                     # (A long wait may outlast the calendar windows the call was given.)
                     rewindowed = self._rewindowed(op, also, now, self._store_time_us(now), ())
                     assert isinstance(rewindowed, AcquireAll)
-                    op = rewindowed
+                    expecting = self._expecting(rewindowed, also, now)
+                    assert isinstance(expecting, AcquireAll)
+                    op = expecting
                     sent = now
                     continue
                 verdict = verdict._replace(waiting=False)
@@ -700,8 +710,10 @@ class _LimiterCore:
                         clock = self._observe(from_store, asked, now, snap.now_us)
                         rtt = now - asked
                         if recheck_pause and snap.pause_until_us > snap.now_us:
-                            log.debug("throttle_client: paused while it slept; queueing again")
-                            op = self._rebook(op, max_wait_us, started, now, round(2 * rtt * US))
+                            log.debug("paused while it slept; queueing again")
+                            op = self._rebook(
+                                op, max_wait_us, started, now, round(2 * rtt * US), also
+                            )
                             sent = now
                             continue
                     wake = clock.wake_at(slot)  # (what the look said of the clock, too)
@@ -739,7 +751,7 @@ class _LimiterCore:
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
             log.debug(
-                "throttle_client: %.1f ms past its slot (margin %.1f ms): booking a new one",
+                "%.1f ms past its slot (margin %.1f ms): booking a new one",
                 late * 1000,
                 margin * 1000,
             )
@@ -764,7 +776,20 @@ class _LimiterCore:
             # The new slot lies twice the last round trip ahead, so that its answer is
             # back before it (one due now would be answered too late again), and is
             # slept to.
-            op, sent = self._rebook(op, max_wait_us, started, now, round(2 * rtt * US)), now
+            op, sent = self._rebook(op, max_wait_us, started, now, round(2 * rtt * US), also), now
+
+    def _remember(self, op: Acquire | AcquireAll, verdict: Verdict, also: Also) -> None:
+        """What the store said of the call's keys' lives (see Lives), and whether it found
+        one that had lost its history."""
+        slot = verdict.slot_us if verdict.allowed else -1
+        if isinstance(op, Acquire):
+            self._lives.saw(op.key, verdict.lives[0], slot, op.quota.horizon_us)
+        else:
+            owners = self._with(also)
+            for owner, charge, life in zip(owners, op.charges, verdict.lives, strict=False):
+                owner._lives.saw(charge.key, life, slot, charge.quota.horizon_us)
+        if verdict.lost:
+            self._lives.told_lost(self, op.key, verdict.pause_until_us - verdict.now_us)
 
     def _new_call_id(self) -> str:
         return _call_id()
@@ -1010,7 +1035,7 @@ class _LimiterCore:
             if not self._told_looser:
                 self._told_looser = True
                 log.info(
-                    "throttle_client: the upstream allows more than %r is configured for "
+                    "the upstream allows more than %r is configured for "
                     "(%s says %d left for %.0fs; the rates allow at most %d): the "
                     "configured limits stay",
                     self,
@@ -1037,7 +1062,7 @@ class _LimiterCore:
             cards=self._card_of(store_key),  # (a learned limit may outlast the card)
         )
         log.debug(
-            "throttle_client: the upstream says %d left for %.1fs (%s), fewer than the "
+            "the upstream says %d left for %.1fs (%s), fewer than the "
             "rates allow (at most %d): held to it",
             view.remaining,
             view.resets_in,
@@ -1047,7 +1072,7 @@ class _LimiterCore:
         try:
             _, _, now = yield from self._execute_flow(op, now)
         except BackendError as exc:  # the response stands; the configured rates still hold
-            log.warning("throttle_client: could not keep what the upstream said: %s", exc)
+            log.warning("could not keep what the upstream said: %s", exc)
         return view, now
 
     def _pause_flow(
@@ -1077,6 +1102,7 @@ class _LimiterCore:
     def _reset_flow(self, key: str, now: float) -> Flow[None]:
         yield from self._execute_flow(self._reset_op(key, now), now)
         self._upstream.pop(self.store_key(key), None)
+        self._lives.forget(self.store_key(key))
 
     def _observe(
         self, from_store: bool, sent: float, now: float, store_now_us: int, timed: bool = True
@@ -1090,13 +1116,33 @@ class _LimiterCore:
         return clock
 
     def _rebook(
-        self, op: Acquire | AcquireAll, max_wait_us: int, started: float, now: float, lead_us: int
+        self,
+        op: Acquire | AcquireAll,
+        max_wait_us: int,
+        started: float,
+        now: float,
+        lead_us: int,
+        also: Also = (),
     ) -> Acquire | AcquireAll:
         """``op`` asked again at ``now`` as a new call, with what is left of its wait."""
         left = max(0, max_wait_us - round((now - started) * US))
-        return dataclasses.replace(
+        again = dataclasses.replace(
             op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
         )
+        return self._expecting(again, also, now)
+
+    def _expecting(self, op: Acquire | AcquireAll, also: Also, now: float) -> Acquire | AcquireAll:
+        """``op`` with what is known now of its keys' lives (Acquire.expect): an
+        expectation made earlier may have outlived the bookings it stood for."""
+        if isinstance(op, Acquire):
+            expect = self._lives.expect(op.key, self._store_time_us, now)
+            return dataclasses.replace(op, expect=expect)
+        owners = self._with(also)
+        charges = tuple(
+            dataclasses.replace(c, expect=o._lives.expect(c.key, o._store_time_us, now))
+            for o, c in zip(owners, op.charges, strict=True)
+        )
+        return dataclasses.replace(op, charges=charges)
 
     def _late_by(
         self, clock: StoreClock, slot: float, now: float, rebook_if_unsure: bool, margin: float
@@ -1179,7 +1225,7 @@ class _LimiterCore:
         for problem in problems:
             level = logging.DEBUG if problem.header in self._told_headers else logging.WARNING
             self._told_headers.add(problem.header)
-            log.log(level, "throttle_client: %s", problem.message)
+            log.log(level, "%s", problem.message)
         return wall
 
     def _pause_op(self, key: str, seconds: float | timedelta, now: float) -> Pause:

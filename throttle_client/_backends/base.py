@@ -178,6 +178,11 @@ class Verdict(NamedTuple):
     # that key's running totals began (a key forgotten and begun again counts from 0).
     mark: int = -1
     born: int = -1
+    # Each key's life, in the order of the call's keys: when its log began (a worker
+    # that sends it back as Acquire.expect learns if the store lost the key since).
+    lives: tuple[int, ...] = ()
+    # This call found a key of it that had lost its history, and held it (see Acquire).
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,15 +233,22 @@ class Acquire(Op[Verdict]):
     mark_us: int = -1
     cards: tuple[StoreCard, ...] = ()  # written with the decision, whatever it is
     history: tuple[HistorySpec, ...] = ()  # where a call it books is counted (history.py)
+    # The key's life as this worker last saw it (Verdict.lives), while its own bookings
+    # must still be in the log; -1: none. A key begun afresh since (not at a reset, not
+    # rebuilt from its log) lost its recent history: the store holds it, as if every
+    # window had been full when it began again, until then + the horizon.
+    expect: int = -1
 
 
 @dataclass(frozen=True)
 class Charge:
-    """One key of a stacked acquire: its store key, its quota, and the cost charged to it."""
+    """One key of a stacked acquire: its store key, its quota, and the cost charged to it;
+    ``expect`` as :class:`Acquire`'s."""
 
     key: str
     quota: Quota
     cost: int
+    expect: int = -1
 
 
 @dataclass(frozen=True)

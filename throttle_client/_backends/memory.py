@@ -46,6 +46,7 @@ class _MemoryLog:
         "ids",
         "last",
         "learned",
+        "life",
         "pause_until",
         "times",
         "total",
@@ -64,6 +65,7 @@ class _MemoryLog:
         self.pause_until = 0
         self.learned: tuple[int, int, int, int] | None = None
         self.born = 0  # set by the store when it begins the key
+        self.life = 0  # how it began (sliding_log.LIFE_*)
         self.expires_at = 0
         self.coarse_logs: dict[str, Coarse] = {}
 
@@ -104,6 +106,9 @@ class _MemoryLog:
 
     def set_learned(self, learned: tuple[int, int, int, int]) -> None:
         self.learned = learned
+
+    def set_life(self, life: int) -> None:
+        self.life = life
 
     def delete(self) -> None:
         self.__init__()  # type: ignore[misc]

@@ -181,10 +181,10 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     """KEYS and ARGV for ``op`` (see the header of sliding_log.lua). ``queued_us``: how
     long it waited in the backend's queue; an acquire waits that much less for its slot,
     so a call never outlasts its timeout by the time it queued."""
+    now = b"-" if op.now_us is None else b"%d" % op.now_us
     if isinstance(op, Reset):
         beside = (card_key(op.key), pushback_key(op.key), history_key(op.key))
-        return redis_keys(op.key) + lease_keys(op.key) + beside, (b"reset",)
-    now = b"-" if op.now_us is None else b"%d" % op.now_us
+        return redis_keys(op.key) + lease_keys(op.key) + beside, (b"reset", b"-", now)
     if isinstance(op, ReadHistory):
         return (history_key(op.key),), (b"history_read",)
     if isinstance(op, (Release, Renew)):
@@ -200,7 +200,7 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
         for c in op.charges:
             holds = leased and bool(c.quota.max_concurrent)
             keys += redis_keys(c.key) + (lease_keys(c.key) if holds else ())
-            per_key += (quota_arg(c.quota), b"%d" % c.cost)
+            per_key += (quota_arg(c.quota), b"%d" % c.cost, b"%d" % c.expect)
             per_key += _cap_args(c.quota) if leased else ()
         wait, lead = _wait(op.max_wait_us, queued_us), b"%d" % op.lead_us
         marks = b"-" if op.mark_us < 0 else b"%d" % op.mark_us
@@ -211,13 +211,12 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
-        if op.history:  # its usage history in its own arguments (no item: _declared)
-            lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
-            args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
-            return (*keys, history_key(op.key)), args + _history_args(op.history[0])
-        if op.mark_us >= 0:
-            lead, marks = b"%d" % op.lead_us, b"%d" % op.mark_us
-            return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead, marks)
+        if op.history or op.mark_us >= 0 or op.expect >= 0:
+            lead, marks, expect = b"%d" % op.lead_us, b"%d" % op.mark_us, b"%d" % op.expect
+            args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks, expect)
+            if op.history:  # its usage history in its own arguments (no item: _declared)
+                return (*keys, history_key(op.key)), args + _history_args(op.history[0])
+            return keys, args
         if op.lead_us:
             lead = b"%d" % op.lead_us
             return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead)
@@ -270,6 +269,9 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
         if notice is not None:
             notice(op.charges[int(index) - 1].key, part)
+    lost = words[0] in (b"lost", "lost")  # (after any repair: see Verdict.lost)
+    if lost:
+        del words[0]
     stale = words[0] in (b"stale", "stale")  # stale NOW AT: see Verdict.stale
     values = [int(word) for word in words[stale:]]
     if stale:
@@ -281,6 +283,9 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         # ALLOWED: 1 admitted, 0 refused, 2 queued behind a full cap, 3 queued at the head,
         # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
+        keys = len(op.charges) if isinstance(op, AcquireAll) else 1
+        lives = tuple(remaining[-keys:])  # each key's life ends the answer
+        del remaining[-keys:]
         mark = born = -1
         if allowed == 1 and op.mark_us >= 0:  # MARK BORN follow
             born, mark = remaining.pop(), remaining.pop()
@@ -296,6 +301,8 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
             full,
             mark=mark,
             born=born,
+            lives=lives,
+            lost=lost,
         )
         return cast(T, verdict)
     if isinstance(op, Renew):

@@ -204,7 +204,7 @@ def warn_if_evicting(config: Any) -> None:
     policy = evicting_policy(config)
     if policy is not None:
         log.warning(
-            "throttle_client: Redis has maxmemory set with maxmemory-policy %s, so when it "
+            "Redis has maxmemory set with maxmemory-policy %s, so when it "
             "fills up it may evict the limiter's logs and forget calls it admitted (the "
             "quota would be exceeded); set maxmemory-policy noeviction",
             policy,

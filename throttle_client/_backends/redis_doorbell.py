@@ -91,7 +91,7 @@ class RedisDoorbell(Doorbell):
                 clients = self._clients()
                 if not clients:
                     log.info(
-                        "throttle_client: no way to subscribe to grants with this client; "
+                        "no way to subscribe to grants with this client; "
                         "waiters for a full cap look again every third of the lease TTL"
                     )
                     with self._start:
@@ -125,7 +125,7 @@ class RedisDoorbell(Doorbell):
                 # Refused, not failing: it will be refused again. Waiters look again on
                 # their own; say once what to grant.
                 log.warning(
-                    "throttle_client: the store refused the subscription to grants (%s): "
+                    "the store refused the subscription to grants (%s): "
                     "waiters for a full cap look again every third of the lease TTL; "
                     "allow SUBSCRIBE on the channels tc:w:* (README, ACL)",
                     exc,
@@ -134,7 +134,7 @@ class RedisDoorbell(Doorbell):
                     self._unable, self._thread = True, None
                 return
             except Exception as exc:  # a thread's error reaches nobody: log, try again
-                log.debug("throttle_client: grant subscription lost (%s); again", exc)
+                log.debug("grant subscription lost (%s); again", exc)
                 attempt += 1
                 pause = min(_RETRY_MAX, 0.2 * 2 ** min(attempt - 1, 8))
                 idle = 0.0 if self.waiting() else idle + pause

@@ -68,6 +68,9 @@ class LogView(Protocol):
     # What the upstream said (base.Learn): (since, until, limit, from_cum), or None.
     learned: tuple[int, int, int, int] | None
     born: int  # when the running totals began: a key forgotten begins again from 0
+    # How this life of the key began (LIFE_*): afresh, at a reset, after a loss (held),
+    # or rebuilt from its log.
+    life: int
 
     def slot_of(self, call_id: str) -> int | None:
         """The slot booked by ``call_id``, if it is in the log."""
@@ -89,6 +92,8 @@ class LogView(Protocol):
         """Drop entries with slot <= cutoff; updates ``base``."""
 
     def set_pause(self, until: int) -> None: ...
+
+    def set_life(self, life: int) -> None: ...
 
     def set_learned(self, learned: tuple[int, int, int, int]) -> None: ...
 
@@ -387,11 +392,42 @@ def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
     return tuple(free)
 
 
+# How a key's life began (LogView.life): afresh, at a reset, after its history was lost
+# (and held), or rebuilt from its own log.
+LIFE_AFRESH, LIFE_RESET, LIFE_HELD, LIFE_REBUILT = 0, 1, 2, 3
+
+
+def lost_history(log: LogView, quota: Quota, expect: int) -> bool:
+    """A store that lost a key's recent history (a restored snapshot, a file replaced)
+    holds it as a new key, and calls there would get a second quota. A worker that
+    booked on the key within its horizon says which life of it it knows (``expect``); a
+    key begun afresh since lost its history, and is held, once per life, as if every
+    window had been full when it began again: no slot before then + the horizon. True
+    if this call held it (the Lua script's ``lost_history``)."""
+    if expect < 0 or log.born == expect or log.life != LIFE_AFRESH:
+        return False
+    held = log.born + quota.horizon_us
+    if held > log.pause_until:
+        log.set_pause(held)
+    log.set_life(LIFE_HELD)
+    return True
+
+
+def hold_lost(logs: Sequence[LogView], charges: Sequence[Charge]) -> tuple[tuple[int, ...], bool]:
+    """:func:`lost_history` for each key of a call: the keys' lives, and whether any was
+    held by this call."""
+    held = [lost_history(log, c.quota, c.expect) for log, c in zip(logs, charges, strict=True)]
+    return tuple(log.born for log in logs), any(held)
+
+
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
+    lost = lost_history(log, op.quota, op.expect)
+    lives = (log.born,)
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
         # (Not marked: entries before it may be trimmed since it was booked.)
-        return Verdict(True, now, booked, log.pause_until, remaining_at(log, op.quota, booked))
+        remaining = remaining_at(log, op.quota, booked)
+        return Verdict(True, now, booked, log.pause_until, remaining, lives=lives, lost=lost)
     try:
         slot = earliest_slot(log, op.quota, now, op.cost)
         if now + op.lead_us > slot:  # a slot the lead moves on must fit the windows there too
@@ -400,7 +436,8 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
         return Verdict(False, now, stale.at, log.pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
-        return Verdict(False, now, slot, log.pause_until, remaining_at(log, op.quota, now))
+        remaining = remaining_at(log, op.quota, now)
+        return Verdict(False, now, slot, log.pause_until, remaining, lives=lives, lost=lost)
     marked = mark(log, op, slot)  # before this call's own entry
     book(log, op.quota, slot, op.cost, op.call_id, now)
     return Verdict(
@@ -411,20 +448,24 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
         remaining_at(log, op.quota, slot),
         mark=marked,
         born=log.born if marked >= 0 else -1,
+        lives=lives,
+        lost=lost,
     )
 
 
 def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     """:class:`AcquireAll` over the logs of its charges, in order."""
     charges = op.charges
+    pairs = list(zip(logs, charges, strict=True))
+    lives, lost = hold_lost(logs, charges)
     pause_until = max(log.pause_until for log in logs)
     booked = logs[0].slot_of(op.call_id)
     if booked is not None:  # the same call again: it holds its slot in every log (unmarked)
-        return Verdict(True, now, booked, pause_until, remaining_all(logs, charges, booked))
+        remaining = remaining_all(logs, charges, booked)
+        return Verdict(True, now, booked, pause_until, remaining, lives=lives, lost=lost)
     # Past a log's newest slot a window only loses entries as time goes on: the latest
     # of the keys' earliest slots is the earliest that suits them all, once it also fits
     # every key's calendar windows (which may move it on: so round again until it stays).
-    pairs = list(zip(logs, charges, strict=True))
     try:
         slot = max(
             now + op.lead_us, *(earliest_slot(log, c.quota, now, c.cost) for log, c in pairs)
@@ -434,13 +475,17 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     except Stale as stale:
         return Verdict(False, now, stale.at, pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
-        return Verdict(False, now, slot, pause_until, remaining_all(logs, charges, now))
+        return Verdict(
+            False, now, slot, pause_until, remaining_all(logs, charges, now), lives=lives, lost=lost
+        )
     marked = mark(logs[0], op, slot)  # before this call's own entry
     for log, charge in pairs:
         book(log, charge.quota, slot, charge.cost, op.call_id, now)
     remaining = remaining_all(logs, charges, slot)
     born = logs[0].born if marked >= 0 else -1
-    return Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
+    return Verdict(
+        True, now, slot, pause_until, remaining, mark=marked, born=born, lives=lives, lost=lost
+    )
 
 
 def remaining_all(
@@ -604,4 +649,4 @@ class RepairNotice:
         with self._lock:
             level = logging.DEBUG if self._warned else logging.WARNING
             self._warned = True
-        logger.log(level, "throttle_client: repaired store key %s: %s", key, REPAIRS[part])
+        logger.log(level, "repaired store key %s: %s", key, REPAIRS[part])

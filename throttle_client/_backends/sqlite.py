@@ -279,6 +279,7 @@ class _SQLiteLog:
         self.learned: tuple[int, int, int, int] | None = None
         self.learned_dirty = False
         self.born = now  # a key begun in this step (a stored one says when it began)
+        self.life = 0  # how it began (sliding_log.LIFE_*)
         self.expires_at = 0
         self.dirty = False  # meta must be written back
         self.coarse_logs: dict[str, sliding_log.Coarse] | None = None  # read when first asked
@@ -413,6 +414,10 @@ class _SQLiteLog:
     def set_learned(self, learned: tuple[int, int, int, int]) -> None:
         self.learned = learned
         self.learned_dirty = self.dirty = True
+
+    def set_life(self, life: int) -> None:
+        self.life = life
+        self.dirty = True
 
     def delete(self) -> None:
         for forget in _FORGET_KEY:
@@ -701,7 +706,7 @@ class SQLiteDoorbell(Doorbell):
                         seen = version
                 except sqlite3.Error as exc:
                     logger.debug(
-                        "throttle_client: the doorbell could not read SQLite store %r (%s); "
+                        "the doorbell could not read SQLite store %r (%s); "
                         "it tries again",
                         str(self._path),
                         exc,

@@ -110,7 +110,7 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
         except BackendUnavailable:
             raise  # the store, not this key: no look at all
         except BackendError as exc:  # this key only: the others are shown
-            logger.warning("throttle_client: top left out store key %s: %s", store_key, exc)
+            logger.warning("top left out store key %s: %s", store_key, exc)
             damaged.append(store_key)
     told = backend.pushback([row.store_key for row in rows])
     for number, row in enumerate(rows):

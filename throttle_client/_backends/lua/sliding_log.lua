@@ -37,17 +37,21 @@
 --         buckets of width), or a calendar rate's windows (read_windows).
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
---         now + lead; optional, 0), mark (optional, -1: see Acquire.mark_us);  pause:
+--         now + lead; optional, 0), mark (optional, -1: see Acquire.mark_us), expect
+--         (optional, -1: the key's life the worker knows, see lost_history);  pause:
 --         duration µs;  learn: since, until, limit, from (-1: read from the log)
 -- acquire_all (one call charged to several keys, all or nothing): KEYS are L, M pairs,
 --         one per key, all in one hash slot; ARGV[2] "-" or the mark (Acquire.mark_us,
 --         for the first key), ARGV[3] now, then max wait,
---         call id, lead, and per key its quota and its cost. One slot for every key, the
+--         call id, lead, and per key its quota, its cost and its expect. One slot for every key, the
 --         latest of their earliest slots, booked in every L under one call id, or nowhere.
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
---   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK]  (acquire_all: each
---   key's rates in turn, PAUSE the latest; MARK: an admitted call that asked for it)   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
+--   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK BORN] LIFE...  (acquire_all:
+--   each key's rates in turn, PAUSE the latest; MARK BORN: an admitted call that asked for
+--   it; LIFE: each key's born, the last word; led by "lost" when this call found a key
+--   that lost its history and held it: see lost_history)
+--   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
 --   pause: PAUSE NOW   reset, learn: 1   (inspect: IN_FLIGHT WAITING, 0 0 uncapped, and a
 --   learned limit's LIMIT UNITS UNTIL, -1 -1 -1 for none, follow BOOKED;
 --   a capped key's inspect gives its H, Q, A after L and M)
@@ -192,7 +196,7 @@ end
 local function pack_meta(k)
   -- (nil when the key has no coarse log: a key without bounded rates pays 1 byte)
   return cmsgpack.pack('tc2', k.last, k.total, k.base, k.pause, k.first, k.expires, k.since, k["until"],
-    k.learned, k.from, k.born, k.wcum, k.idold, next(k.coarse) and k.coarse or nil, k.trimmed)
+    k.learned, k.from, k.born, k.wcum, k.idold, next(k.coarse) and k.coarse or nil, k.trimmed, k.life)
 end
 
 -- The coarse logs of a meta, as pack_meta writes them: name -> string of entries; one
@@ -329,7 +333,7 @@ end
 local function fresh_key(log, meta, q)
   return {log = log, meta = meta, q = q, last = -1, total = 0, base = 0, pause = 0, first = -1, expires = 0,
           since = 0, ["until"] = 0, learned = 0, from = 0, born = now, wcum = 0, idold = -1, coarse = {},
-          views = {}, trimmed = 0}
+          views = {}, trimmed = 0, life = 0}
 end
 
 -- One key's state, read from its M, with whatever is lost or damaged rebuilt first
@@ -348,7 +352,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   local fixed, older, pause
   local state = redis.call('GET', meta)
   if state then
-    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse, trimmed = pcall(cmsgpack.unpack, state)
+    local ok, tag, a, b, c, d, e, f, g, h, i, j, born, wcum, idold, coarse, trimmed, life = pcall(cmsgpack.unpack, state)
     if ok and (tag == 'tc2' or tag == 'tc1') and type(a) == 'number' and type(b) == 'number'
         and type(c) == 'number' and type(d) == 'number' and type(e) == 'number' and type(f) == 'number'
         and (tag == 'tc1' or (type(wcum) == 'number' and type(idold) == 'number')) then
@@ -360,6 +364,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       if tag == 'tc2' then
         k.wcum, k.idold, k.coarse = wcum, idold, read_coarse(coarse)
         k.trimmed = type(trimmed) == 'number' and trimmed or 0
+        k.life = (life == 1 or life == 2 or life == 3) and life or 0
       else
         older = true
       end
@@ -425,6 +430,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       k.last, k.first, k.total = tonumber(newest[2]), tonumber(oldest[2]), total_of(newest[1])
       k.base = #oldest[1] == 7 and 0 or math.max(0, total_of(oldest[1]) - q.smallest)
       k.wcum, k.idold, fixed = k.total, 0, fixed or 'meta' -- (0: any ids there go at the next booking)
+      k.life = 3 -- rebuilt from its log: no admitted call was lost
     else -- nothing in L can matter any more (or there is no L): a fresh start
       redis.call('DEL', log)
     end
@@ -438,6 +444,22 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   opened[meta] = k
   opened_order[#opened_order + 1] = k
   return k
+end
+
+-- A store that lost a key's recent history (restarted without persistence, failed over
+-- to a replica that lagged, restored from an older snapshot) holds it as a new key, and
+-- its calls there would get a second quota. A worker that booked on the key within its
+-- horizon says which life of it it knows (`expect`: the `born` it was answered); a key
+-- begun afresh since (not at a reset, not rebuilt from its log: `life` 0) lost its
+-- history. It is held, once per life, as if every window had been full when it began
+-- again: no slot before then + the horizon. True if it was held by this call.
+local function lost_history(k, expect)
+  if not expect or expect < 0 or k.born == expect or k.life ~= 0 then return false end
+  local held = k.born + k.q.horizon
+  if held > k.pause then k.pause = held end
+  k.life = 2
+  save(k, math.max(k.pause, k.last) + k.q.horizon, false)
+  return true
 end
 
 -- The slot at which the running total reaches `target` (0 < target <= total): that
@@ -890,13 +912,6 @@ local function run_one(keys, argv)
     if skipped > 0 then out[#out + 1] = '?'; out[#out + 1] = format('%d', skipped) end
     return table.concat(out, ' ')
   end
-  if op == 'reset' then
-    local gone = opened[keys[2]] -- (an earlier operation of the batch read it: not written)
-    if gone then gone.needed, opened[keys[2]] = nil, nil end
-    -- the log, the meta, a capped key's lease keys, the card and the pushback
-    redis.call('DEL', unpack(keys))
-    return '1'
-  end
   if argv[3] == '-' then
     if not server_now then
       local t = redis.call('TIME')
@@ -906,6 +921,21 @@ local function run_one(keys, argv)
   else
     now = whole(argv[3], 0)
     if not now then return fail('bad time ' .. tostring(argv[3])) end
+  end
+
+  if op == 'reset' then
+    local gone = opened[keys[2]] -- (an earlier operation of the batch wrote it: as if done)
+    if gone then flush(gone); opened[keys[2]] = nil end
+    -- The log, a capped key's lease keys, the card, the pushback and the history go. M
+    -- stays, for the rest of its TTL, as a key begun again at a reset: a worker that
+    -- knew the key's earlier life does not take the reset for a store that lost it.
+    local others = {}
+    for i, name in ipairs(keys) do if i ~= 2 then others[#others + 1] = name end end
+    redis.call('DEL', unpack(others))
+    local begun = fresh_key(keys[1], keys[2], nil)
+    begun.life = 1
+    redis.call('SET', keys[2], pack_meta(begun), 'XX', 'KEEPTTL')
+    return '1'
   end
 
   if op == 'history' then -- declares where the next operation's bookings are counted
@@ -964,8 +994,9 @@ local function run_one(keys, argv)
   end
 
   if op == 'acquire_all' or op == 'lease' then
-    -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost, cap
-    -- (0: none) and lease TTL, and keys give a capped key's H, Q, A after its L and M.
+    -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost,
+    -- expect (the life the worker knows, -1: none; see lost_history), and for a lease its
+    -- cap (0: none) and lease TTL; keys give a capped key's H, Q, A after its L and M.
     local max_wait, id, lead = whole(argv[4], -1), argv[5], whole(argv[6], 0)
     local mark_us = argv[2] == '-' and -1 or whole(argv[2], 0) -- Acquire.mark_us, first key
     if not mark_us then return fail('bad mark') end
@@ -973,26 +1004,28 @@ local function run_one(keys, argv)
     if not id or id == '' then return fail('missing call id') end
     if not lead then return fail('bad lead') end
     local lease = op == 'lease' and argv[7]
-    local per, first_arg = 2, 7
-    if lease then per, first_arg = 4, 8 end
+    local per, first_arg = 3, 7
+    if lease then per, first_arg = 5, 8 end
     local n = (#argv - first_arg + 1) / per
     if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
     -- Everything is checked before the first write: a script that fails half-way is
     -- not rolled back.
-    local quotas, costs, lks, logs, metas, at = {}, {}, {}, {}, {}, 1
+    local quotas, costs, expects, lks, logs, metas, at = {}, {}, {}, {}, {}, {}, 1
     for i = 1, n do
       local arg = first_arg + per * (i - 1)
       local q, problem = read_quota(argv[arg])
       if not q then return fail(problem .. ' for key #' .. i) end
-      local cost = whole(argv[arg + 1], 1)
+      local cost, expect = whole(argv[arg + 1], 1), whole(argv[arg + 2], -1)
       if not cost then return fail('bad cost for key #' .. i) end
+      if not expect then return fail('bad life for key #' .. i) end
+      expects[i] = expect
       problem = check_cost(q, cost)
       if problem then return fail(problem .. ' for key #' .. i) end
       quotas[i], costs[i] = q, cost
       local log_key, meta_key = keys[at], keys[at + 1]
       at = at + 2
       if lease then
-        local cap, ttl = read_cap(argv[arg + 2], argv[arg + 3])
+        local cap, ttl = read_cap(argv[arg + 3], argv[arg + 4])
         if not cap then return fail('bad cap for key #' .. i) end
         if cap > 0 then
           lks[i] = lease_key(keys[at], keys[at + 1], keys[at + 2], cap, ttl)
@@ -1002,11 +1035,12 @@ local function run_one(keys, argv)
       logs[i], metas[i] = log_key, meta_key
     end
     if at ~= #keys + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
-    local keys, pause = {}, 0
+    local keys, pause, lost = {}, 0, false
     for i = 1, n do
       local problem
       keys[i], problem = open(logs[i], metas[i], quotas[i], i)
       if not keys[i] then return fail(problem) end
+      if lost_history(keys[i], expects[i]) then lost = true end
       if keys[i].pause > pause then pause = keys[i].pause end
       local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
       if problem then return fail(problem .. ' for key #' .. i) end
@@ -1015,13 +1049,17 @@ local function run_one(keys, argv)
       for i = 1, n do remaining_at(keys[i], point, out) end
       return out
     end
+    local function answer(out) -- every answer ends with each key's life (born), in order
+      for i = 1, n do out[#out + 1] = keys[i].born end
+      return reply(out, lost and 'lost ' or nil)
+    end
     local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
       local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
       if mark_us >= 0 then -- it may be trimmed since); MARK BORN
         out[#out + 1] = marked or -1
         out[#out + 1] = marked and keys[1].born or -1
       end
-      return reply(out)
+      return answer(out)
     end
     local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
     if earlier then return admitted(earlier) end
@@ -1050,7 +1088,7 @@ local function run_one(keys, argv)
       hint = hint or now
       if max_wait == 0 then -- try: refused (4: for a full cap), and nothing of it is written
         for _, lk in ipairs(capped) do touch(lk) end
-        return reply(remaining_all(now, {4, now, hint, pause}))
+        return answer(remaining_all(now, {4, now, hint, pause}))
       end
       local number = 0
       for _, lk in ipairs(capped) do
@@ -1073,7 +1111,7 @@ local function run_one(keys, argv)
         end
         touch(lk)
       end
-      return reply(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
+      return answer(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
     end
     local slot = now + lead
     for i = 1, n do
@@ -1094,7 +1132,7 @@ local function run_one(keys, argv)
     if max_wait >= 0 and slot - now > max_wait then
       for _, lk in ipairs(capped) do touch(lk) end
       for i = 1, n do tidy(keys[i]) end
-      return reply(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
+      return answer(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
     end
     local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
     book(keys[1], slot, costs[1], id) -- (not booked yet: booked() was asked above)
@@ -1114,23 +1152,29 @@ local function run_one(keys, argv)
   if not k then return fail(problem) end
 
   if op == 'acquire' then
-    -- A third key: its usage history, in argv[9..13] (lead and mark are then given).
-    if keys[3] and not declare_history(keys[2], keys[3], argv, 9) then
+    -- A third key: its usage history, in argv[10..14] (lead, mark, expect are then given).
+    if keys[3] and not declare_history(keys[2], keys[3], argv, 10) then
       return fail('bad history')
     end
     local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
     local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
+    local expect = whole(argv[9] or -1, -1)
     if not cost then return fail('bad cost ' .. tostring(argv[4])) end
     if not max_wait then return fail('bad max wait') end
-    if not lead or not mark_us then return fail('bad lead') end
+    if not lead or not mark_us or not expect then return fail('bad lead') end
     if not id or id == '' then return fail('missing call id') end
     problem = check_cost(q, cost)
     if problem then return fail(problem) end
+    local lost = lost_history(k, expect)
 
+    local function answer(out) -- every answer ends with the key's life (born)
+      out[#out + 1] = k.born
+      return reply(out, lost and 'lost ' or nil)
+    end
     local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
       local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
       if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
-      return reply(out)
+      return answer(out)
     end
     local earliest, missing = earliest_slot(k, cost)
     if not earliest then
@@ -1151,7 +1195,7 @@ local function run_one(keys, argv)
       local earlier = booked(k, id)
       if earlier then return admitted(earlier) end
       tidy(k)
-      return reply(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
+      return answer(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
     end
     problem = past_totals(k, cost)
     if problem then return fail(problem) end
@@ -1162,7 +1206,7 @@ local function run_one(keys, argv)
     end
     local out = remaining_at(k, slot, {1, now, slot, k.pause})
     if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
-    return reply(out)
+    return answer(out)
   end
 
   if op == 'inspect' then -- sliding_log.inspect: used (slots up to now) apart from booked (ahead)

@@ -1,0 +1,147 @@
+"""A store that lost its recent history never gives the fleet a second quota.
+
+A Redis without persistence killed and restarted (or a failover to a replica that
+lagged, a restore from an older copy) comes back without the calls of the last
+window: each key looks new. Every answer tells the worker when its key's log began;
+a worker whose own bookings must still be in the log sends that back, and a store
+that finds the key begun afresh since holds it as if every window had been full when
+it was lost. Judged by the slots the store hands out, on an injected clock, so the
+restart itself takes no part in the timing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from throttle_client import Limiter, RedisBackend
+from throttle_client._backends.redis import redis_keys
+from throttle_client.testing import FakeClock, RedisServer
+
+US = 1_000_000
+RATES = ["5/10 seconds"]
+GAP = 0.1
+
+
+@pytest.fixture
+def store(own_redis: RedisServer) -> Iterator[RedisServer]:
+    yield own_redis
+
+
+def worker(server: RedisServer, clock: FakeClock, **options: Any) -> Limiter:
+    """A worker of the fleet (a limiter of its own; ``backend=`` to share one)."""
+    options.setdefault("rates", RATES)
+    options.setdefault("min_interval", GAP)
+    backend = options.pop("backend", None) or RedisBackend(server.url)
+    return Limiter(backend, margin=0, clock=clock, sleep=clock.sleep, **options)
+
+
+def us(seconds: float) -> int:
+    return round(seconds * US)
+
+
+def lost(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "lost the recent calls" in r.getMessage()]
+
+
+def test_a_restart_without_persistence_holds_the_key_for_a_window(
+    store: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    limiter = worker(store, clock)
+    slots = [us(limiter.acquire("token").slot) for _ in range(5)]  # the window is full
+    store.restart()  # kill -9 and start again: an empty dataset
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        after = [us(limiter.acquire("token").slot) for _ in range(5)]
+    # Nothing before the lost window would have let a call go (the first slot + 10 s),
+    # and the key is held from its new beginning for a whole window: never sooner.
+    assert after[0] >= slots[0] + 10 * US
+    every = slots + after
+    assert all(sum(1 for u in every if t - 10 * US < u <= t) <= 5 for t in every)
+    assert len(lost(caplog)) == 1 and "token" not in caplog.text
+
+
+def test_without_the_check_the_lost_window_is_spent_twice(store: RedisServer) -> None:
+    """What the check prevents: a worker that knew nothing of the key before the loss
+    (a process started after it) sees a new key, and is answered at once."""
+    clock = FakeClock()
+    limiter = worker(store, clock)
+    for _ in range(5):
+        limiter.acquire("token")
+    store.restart()
+    newcomer = worker(store, clock)
+    assert newcomer.try_acquire("token").allowed
+
+
+def test_a_worker_that_knew_the_key_holds_it_after_a_newcomer_began_it(
+    store: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    old = worker(store, clock)
+    for _ in range(5):
+        old.acquire("token")
+    store.restart()
+    clock.advance(1)
+    began = us(clock.now)
+    newcomer = worker(store, clock)
+    assert newcomer.try_acquire("token").allowed  # it cannot know
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        decision = old.try_acquire("token")
+    assert not decision.allowed
+    # Held from when the key began again, for the longest window: no one goes sooner.
+    assert us(decision.retry_after) >= began + 10 * US - us(clock.now)
+    assert not newcomer.try_acquire("token").allowed
+    assert len(lost(caplog)) == 1
+
+
+def test_a_reset_is_not_taken_for_a_loss(store: RedisServer) -> None:
+    clock = FakeClock()
+    one, other = worker(store, clock), worker(store, clock)
+    for _ in range(5):
+        other.acquire("token")
+    one.reset("token")
+    decisions = [other.try_acquire("token") for _ in range(2)]
+    assert decisions[0].allowed  # the reset forgot the calls; nothing holds the key
+    assert not decisions[1].allowed and us(decisions[1].retry_after) == us(GAP)
+
+
+def test_a_key_rebuilt_from_its_own_log_is_not_held(store: RedisServer) -> None:
+    """A meta lost beside a log that kept every call (an eviction of one part) is
+    rebuilt from the log: no call was lost, so nothing is held for it."""
+    clock = FakeClock()
+    limiter = worker(store, clock, rates=["50/10 seconds"])
+    limiter.acquire("token")
+    client = redis.Redis.from_url(store.url)
+    client.delete(redis_keys(limiter.store_key("token"))[1])
+    client.close()
+    clock.advance(1)
+    assert limiter.try_acquire("token").allowed
+
+
+def test_a_stacked_call_holds_each_key_that_lost_its_history(store: RedisServer) -> None:
+    clock = FakeClock()
+    tokens = worker(store, clock, namespace="token", rates=["100/10 seconds"], min_interval=0)
+    account = worker(store, clock, namespace="account", backend=tokens.backend)
+    for _ in range(5):
+        tokens.acquire("t1", also=[(account, "acct")])
+    store.restart()
+    decision = tokens.try_acquire("t1", also=[(account, "acct")])
+    assert not decision.allowed and decision.retry_after >= 9.9
+    assert not account.try_acquire("acct").allowed  # held for everyone
+
+
+def test_a_capped_call_holds_a_key_that_lost_its_history(store: RedisServer) -> None:
+    clock = FakeClock()
+    limiter = worker(store, clock, max_concurrent=5)
+    for _ in range(5):
+        with limiter.lease("token"):
+            pass
+    store.restart()
+    with pytest.raises(Exception) as caught:
+        with limiter.lease("token", timeout=1):
+            pass
+    assert type(caught.value).__name__ == "ThrottleTimeout"
