@@ -42,9 +42,14 @@ def store(every_store: Backend) -> Backend:
 
 def test_a_decision_keeps_the_card_beside_its_key_and_a_reset_drops_it(store: Backend) -> None:
     limiter = Limiter(
-        store, rates=["5/minute", "100/hour"], min_interval=0.5, namespace="gh", label=account
+        store,
+        rates=["5/minute", "100/hour"],
+        min_interval=0.5,
+        namespace="gh",
+        label=account,
+        history=True,
     )
-    other = Limiter(store, rates="9/second", namespace="other")
+    other = Limiter(store, rates="9/second", namespace="other")  # keeps no history
     keys = [f"{TOKEN}{n:02d}" for n in range(12)]
     for key in keys:
         assert limiter.try_acquire(key).allowed
@@ -68,7 +73,7 @@ def test_a_decision_keeps_the_card_beside_its_key_and_a_reset_drops_it(store: Ba
     every = dict(store.all_cards())
     assert set(every) == {*mine, other.store_key(TOKEN)}
     assert Card.parse(every[other.store_key(TOKEN)]) == Card(
-        None, "other", ("9/1s",), 0.0, other.margin, None, "UTC"
+        None, "other", ("9/1s",), 0.0, other.margin, None, None
     )
 
     store.forget(mine[0])
@@ -85,6 +90,7 @@ def test_a_stacked_capped_call_keeps_each_keys_card(store: Backend) -> None:
         namespace="tok",
         tag=lambda _: tag,
         label=account,
+        history=True,
     )
     acct = Limiter(store, rates="100/minute", namespace="acct", tag=lambda _: tag)
     with token.lease(TOKEN, also=[(acct, "account-7")]):
@@ -94,7 +100,7 @@ def test_a_stacked_capped_call_keeps_each_keys_card(store: Backend) -> None:
         account(TOKEN), "tok", ("10/1s",), 0.0, token.margin, 2, "UTC"
     )
     assert cards[acct.store_key("account-7")] == Card(
-        None, "acct", ("100/60s",), 0.0, acct.margin, None, "UTC"
+        None, "acct", ("100/60s",), 0.0, acct.margin, None, None
     )
 
 

@@ -100,7 +100,7 @@ def test_every_store_counts_local_hours_days_and_months_alike(store: Backend) ->
 
 
 def test_a_retried_call_is_counted_once(store: Backend) -> None:
-    limiter = Limiter(store, rates="10/second", clock=FakeClock(), namespace="r")
+    limiter = Limiter(store, rates="10/second", clock=FakeClock(), namespace="r", history=True)
     op = limiter._acquire_op(TOKEN, 1, 0, limiter._local())
     assert isinstance(op, Acquire) and op.history
     first, again = store.execute(op), store.execute(op)  # same call id: found, not booked
@@ -110,21 +110,25 @@ def test_a_retried_call_is_counted_once(store: Backend) -> None:
 
 def test_a_stacked_call_counts_in_each_keys_history(store: Backend) -> None:
     clock = FakeClock()
-    token = Limiter(store, rates="10/second", namespace="tok", tag=lambda _: "a1", clock=clock)
-    account = Limiter(store, rates="99/second", namespace="acct", tag=lambda _: "a1", clock=clock)
-    quiet = Limiter(store, rates="50/second", namespace="q", history=False, clock=clock)
+    token = Limiter(
+        store, rates="10/second", namespace="tok", tag=lambda _: "a1", clock=clock, history=True
+    )
+    account = Limiter(
+        store, rates="99/second", namespace="acct", tag=lambda _: "a1", clock=clock, history=True
+    )
+    quiet = Limiter(store, rates="50/second", namespace="q", clock=clock)  # the default: none
     for _ in range(3):
         assert token.try_acquire(TOKEN, also=[(account, "acct-1", 2)]).allowed
     assert quiet.try_acquire(TOKEN).allowed
     assert [(p.calls, p.cost) for p in token.history(TOKEN).days] == [(3, 3)]
     assert [(p.calls, p.cost) for p in account.history("acct-1").days] == [(3, 6)]
-    assert quiet.history(TOKEN).days == ()  # history=False: nothing counted
+    assert quiet.history(TOKEN).days == ()  # nothing counted
     token.reset(TOKEN)
     assert token.history(TOKEN).days == ()  # a reset forgets it too
 
 
 def test_refusals_are_not_counted(store: Backend) -> None:
-    limiter = Limiter(store, rates="2/second", clock=FakeClock(), namespace="x")
+    limiter = Limiter(store, rates="2/second", clock=FakeClock(), namespace="x", history=True)
     assert [limiter.try_acquire(TOKEN).allowed for _ in range(4)] == [True, True, False, False]
     assert [(p.calls, p.cost) for p in limiter.history(TOKEN).months] == [(2, 2)]
 
@@ -223,7 +227,7 @@ def test_an_offset_that_changes_on_a_half_hour_is_seen_at_once() -> None:
 
 def test_a_damaged_sqlite_history_starts_again_and_fails_no_call(tmp_path: Path) -> None:
     store = SQLiteBackend(tmp_path / "limits.db")
-    limiter = Limiter(store, rates="10/second")
+    limiter = Limiter(store, rates="10/second", history=True)
     assert limiter.try_acquire(TOKEN).allowed
     store._connection().db.execute('UPDATE tc_history SET fields = \'{"hx": 1, "h1": 2}\'')
     assert limiter.try_acquire(TOKEN).allowed  # no error: the odd field is left out
@@ -241,7 +245,7 @@ def test_a_history_it_cannot_prune_still_expires(redis_url: str) -> None:
     admin.execute_command("ACL", "SETUSER", user, "reset", *rules)
     try:
         url = redis_url.replace("redis://", f"redis://{user}:pw@")
-        limiter = Limiter(RedisBackend(url), rates="10/second")
+        limiter = Limiter(RedisBackend(url), rates="10/second", history=True)
         assert limiter.try_acquire(TOKEN).allowed  # the booking stands
         assert admin.pttl(f"tc:{limiter.store_key(TOKEN)}:history") > 0
         limiter.backend.close()  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from throttle_client import AsyncLimiter, Limiter, MemoryBackend
+from throttle_client._backends import memory
 from throttle_client.testing import FakeClock
 
 from .model import Model
@@ -145,6 +146,54 @@ def test_idle_keys_are_forgotten() -> None:
     for _ in range(1100):
         limiter.usage("busy")
     assert len(backend._logs) <= 1
+
+
+def held(backend: MemoryBackend) -> int:
+    """What the store holds per key, all kinds together: logs, leases, cards, pushback
+    and usage histories."""
+    kinds = (backend._logs, backend._leases, backend._cards, backend._pushback)
+    return sum(map(len, kinds)) + len(backend._history)
+
+
+def test_a_churn_of_keys_holds_only_the_keys_in_use() -> None:
+    """Rounds of fresh keys (one per client, per job), each used a few times and never
+    again, through a limiter of the defaults: the store holds the round's keys, the same
+    every round, not every key it ever saw (a usage history kept by default held each
+    for two years)."""
+    clock = FakeClock()
+    backend = MemoryBackend()
+    limiter = Limiter(backend, rates="5/second", clock=clock, sleep=clock.sleep)
+    sizes = []
+    for round_ in range(6):
+        for n in range(400):
+            for _ in range(3):
+                assert limiter.try_acquire(f"job-{round_}-{n}").allowed
+        sizes.append(held(backend))
+        clock.advance(2)  # past every key's horizon, and its card's
+    assert sizes == [800] * 6  # each key of the round: its log and its card
+
+
+def test_idle_keys_go_a_few_per_operation_and_a_paused_one_stays() -> None:
+    """Once their horizon has passed, idle keys go as the store works, a few per
+    operation (no operation pays for all of them); a key still paused stays."""
+    clock = FakeClock()
+    backend = MemoryBackend()
+    limiter = Limiter(backend, rates="5/second", clock=clock, sleep=clock.sleep)
+    for n in range(600):
+        limiter.try_acquire(f"client-{n}")
+    limiter.pause("paused", 3600)
+    before = held(backend)
+    assert before == 2 * 601  # logs and cards
+    clock.advance(10)
+    limiter.try_acquire("busy")
+    assert held(backend) >= before - 5 * memory._FORGET_STEP  # a few, not all at once
+    for _ in range(600 // memory._FORGET_STEP):
+        limiter.try_acquire("busy")
+    kept = {limiter.store_key("paused"), limiter.store_key("busy")}
+    assert set(backend._logs) == set(backend._cards) == kept
+    assert held(backend) == 4
+    assert limiter.usage("paused").paused_until is not None
+    assert len(backend._expiring_logs) == len(backend._expiring_cards) == 2  # scheduled
 
 
 def test_a_reset_or_an_expired_key_is_dropped() -> None:

@@ -9,6 +9,8 @@ Cluster hash slots, a wrong key type, and Redis 6.2.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import re
@@ -117,7 +119,12 @@ def exercise(limiter: Limiter, key: str) -> None:
 
 def test_the_token_never_reaches_the_store(backend: RedisBackend, client: redis.Redis) -> None:
     limiter = Limiter(
-        backend, margin=0, rates=["3/second", "10/minute"], min_interval=0.01, namespace="ig"
+        backend,
+        margin=0,
+        rates=["3/second", "10/minute"],
+        min_interval=0.01,
+        namespace="ig",
+        history=True,
     )
     exercise(limiter, TOKEN)
     stored = everything_stored(client)
@@ -161,7 +168,9 @@ def test_the_token_is_not_in_any_command_sent(
 
 
 def test_every_key_has_a_bounded_ttl(backend: RedisBackend, client: redis.Redis) -> None:
-    limiter = Limiter(backend, margin=0, rates=["3/second", "5/10 seconds"], clock=FakeClock())
+    limiter = Limiter(
+        backend, margin=0, rates=["3/second", "5/10 seconds"], clock=FakeClock(), history=True
+    )
     limiter.acquire(TOKEN)
     keys = keys_of(client)
     assert len(keys) == 4  # the log, the meta, the card and the usage history
@@ -195,11 +204,9 @@ def test_reads_and_refusals_create_nothing(backend: RedisBackend, client: redis.
 
 
 def test_idle_keys_expire_by_themselves(backend: RedisBackend, client: redis.Redis) -> None:
-    """Server time, a 50 ms window: the keys must be gone about a second later (but a
-    usage history, kept for months by design: see test_history.py)."""
-    limiter = Limiter(
-        backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001, history=False
-    )
+    """Server time, a 50 ms window: the keys must be gone about a second later (a
+    limiter of the defaults keeps no usage history, which lasts for months)."""
+    limiter = Limiter(backend, margin=0, rates=["5/0.05 seconds"], min_interval=0.001)
     limiter.acquire(TOKEN)
     assert client.dbsize() == 3  # the log, the meta and the card
     deadline = time.monotonic() + 10
@@ -644,6 +651,7 @@ def test_each_redis_version_follows_the_semantics(each_redis: RedisServer) -> No
         min_interval=0.1,
         clock=clock,
         sleep=clock.sleep,
+        history=True,
     )
     assert limiter.try_acquire(TOKEN)
     assert us(limiter.try_acquire(TOKEN).retry_after) == 100_000
@@ -754,6 +762,62 @@ def test_a_refused_config_get_is_ignored_silently(
     admin.close()
 
 
+def test_a_churn_of_keys_keeps_a_full_noeviction_redis_admitting() -> None:
+    """A key per client, per job: rounds of fresh keys, each used a few times, through a
+    limiter of the defaults, on a 4 MB Redis under noeviction (the README's advice).
+    Every round admits every call, as the first did: nothing of a round outlives its
+    keys. (With a usage history kept by default, each key left a hash for two years:
+    the store filled and later rounds were refused, OOM.) So that a few rounds show it,
+    ballast fills the store up to what a round needs and a little more."""
+    keys, slack = 1200, 100_000  # slack: bytes left over a round (a history: ~200 a key)
+    maxmemory = 4 * 1024 * 1024
+    args = ("--maxmemory", str(maxmemory), "--maxmemory-policy", "noeviction")
+    server = started(RedisServer(args=args))
+    client = redis.Redis.from_url(server.url)
+    limiter = Limiter(RedisBackend(client), rates="2/0.1 seconds")
+
+    def used() -> int:
+        return int(client.info("memory")["used_memory"])
+
+    def churn(round_: int) -> tuple[int, str]:
+        """The calls a round admits, and the last key it admitted one of."""
+        admitted, last = 0, ""
+        for n in range(keys):
+            for _ in range(2):
+                with contextlib.suppress(BackendError):  # a full store refuses writes
+                    if limiter.try_acquire(f"{round_}-{n}"):
+                        admitted, last = admitted + 1, f"{round_}-{n}"
+        peaks.append(used())
+        return admitted, last
+
+    def expired(last: str) -> None:
+        """Until a round's last key has expired (its call ids are kept 5 s), then a SCAN,
+        which drops every key whose time is up, as Redis does in its own time."""
+        deadline = time.monotonic() + 30
+        while last and client.exists(*redis_keys(limiter.store_key(last))):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        for _ in client.scan_iter(count=1000):
+            pass
+
+    peaks: list[int] = []
+    try:
+        first, last = churn(0)
+        assert first == 2 * keys
+        expired(last)
+        room = maxmemory - (peaks[0] - used()) - slack  # what a round needs, and slack
+        for n in itertools.count():  # (small pieces: an allocator rounds a big one up)
+            if used() >= room:
+                break
+            client.set(f"ballast-{n}", b"x" * 4000)
+        second, last = churn(1)
+        expired(last)
+        assert [second, churn(2)[0]] == [first, first]
+    finally:
+        client.close()
+        server.close()
+
+
 # -- a client the user built ---------------------------------------------------------------
 
 
@@ -772,7 +836,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         if asynchronous:
             client: Any = redis.asyncio.Redis(**options)
             backend: Any = AsyncRedisBackend(client)
-            limiter: Any = AsyncLimiter(backend, margin=0, rates=["2/second"])
+            limiter: Any = AsyncLimiter(backend, margin=0, rates=["2/second"], history=True)
             allowed = [(await limiter.try_acquire(TOKEN)).allowed for _ in range(3)]
             await backend.aclose()
             assert await client.ping()  # still open
@@ -780,7 +844,7 @@ async def test_a_user_client_is_copied_with_its_settings_and_left_untouched(
         else:
             client = redis.Redis(**options)
             backend = RedisBackend(client)
-            limiter = Limiter(backend, margin=0, rates=["2/second"])
+            limiter = Limiter(backend, margin=0, rates=["2/second"], history=True)
             allowed = [
                 (await asyncio.to_thread(limiter.try_acquire, TOKEN)).allowed for _ in range(3)
             ]

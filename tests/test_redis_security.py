@@ -90,7 +90,11 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         assert limiter.try_acquire("token").allowed
         # A card with the decision, and a transport's pushback with its pause.
         labelled = Limiter(
-            RedisBackend(url), rates="5/second", namespace="acl", label=lambda key: "acct 1"
+            RedisBackend(url),
+            rates="5/second",
+            namespace="acl",
+            label=lambda key: "acct 1",
+            history=True,
         )
         assert labelled.try_acquire("token").allowed
         told = {"reason": "Retry-After", "source": "upstream", "refused": True}

@@ -40,7 +40,7 @@ def sentinel_servers() -> Iterator[RedisSentinelServers]:
 def test_a_sentinel_managed_client_runs_the_limiter(sentinel_servers: RedisSentinelServers) -> None:
     sentinel = redis.sentinel.Sentinel(sentinel_servers.sentinel_addresses, socket_timeout=0.5)
     client = sentinel.master_for(sentinel_servers.service)
-    limiter = Limiter(RedisBackend(client), rates=["2/second"])
+    limiter = Limiter(RedisBackend(client), rates=["2/second"], history=True)
     assert [limiter.try_acquire("token").allowed for _ in range(3)] == [True, True, False]
     replica = redis.Redis(port=sentinel_servers.replicas[0].port)
     deadline = time.monotonic() + 5

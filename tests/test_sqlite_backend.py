@@ -85,10 +85,39 @@ def test_expired_keys_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         limiter.usage("busy")  # reads neither write nor sweep
     assert keys_in(backend) == 8
     limiter.try_acquire("busy")
-    limiter.try_acquire("busy")  # the 10th write on this connection sweeps
+    limiter.try_acquire("busy")
+    assert keys_in(backend) == 9  # (the first write swept, when nothing had expired)
+    limiter.try_acquire("busy")  # the 11th write on this connection sweeps again
     assert keys_in(backend) == 1
     db = sqlite3.connect(tmp_path / "l.db")
-    assert db.execute("SELECT count(*) FROM tc_entries").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM tc_entries").fetchone()[0] == 3
+
+
+def rows_in(path: Path) -> int:
+    """Rows of every table that holds something per key."""
+    tables = ("tc_meta", "tc_entries", "tc_cards", "tc_pushback", "tc_history", "tc_learned")
+    with sqlite3.connect(path) as db:
+        return sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)
+
+
+def test_a_churn_of_jobs_holds_only_the_keys_in_use(tmp_path: Path) -> None:
+    """Rounds of short jobs, each opening the file for a few calls on a fresh key of its
+    own (a key per job) through a limiter of the defaults: the file holds the round's
+    keys, the same every round, not every key it ever saw (a sweep every 1024 writes of
+    one connection never came; a usage history kept by default held each key for two
+    years)."""
+    clock = FakeClock()
+    path = tmp_path / "l.db"
+    sizes = []
+    for round_ in range(4):
+        for n in range(60):
+            with SQLiteBackend(path) as backend:
+                limiter = Limiter(backend, rates="5/second", clock=clock, sleep=clock.sleep)
+                for _ in range(3):
+                    assert limiter.try_acquire(f"job-{round_}-{n}").allowed
+        sizes.append(rows_in(path))
+        clock.advance(2)  # past every key's horizon, and its card's
+    assert sizes == [60 * (1 + 3 + 1)] * 4  # each job's key: its meta, 3 entries, its card
 
 
 def test_an_expired_key_starts_afresh_when_used(tmp_path: Path) -> None:

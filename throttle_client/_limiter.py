@@ -189,7 +189,7 @@ class _LimiterCore:
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
-        history: History | bool = True,
+        history: History | bool = False,
     ) -> None:
         listed = [rates] if isinstance(rates, (Rate, str)) else list(rates)
         if not 1 <= len(listed) <= MAX_RATES:
@@ -280,8 +280,9 @@ class _LimiterCore:
         # and top), sent with a decision on the key every half of its horizon: the
         # longest a call counts after its slot.
         horizon = max(gap, *(rate.period for rate in self.rates)) + slack
-        # What each key's usage history keeps (None: none), in the zone of the first
-        # calendar rate unless told (see _history.History).
+        # What each key's usage history keeps (None: none, the default: it outlives the
+        # key by months, see _history.History), in the zone of the first calendar rate
+        # unless told.
         if history is True:
             history = History()
         if history is not False and not isinstance(history, History):
@@ -1281,6 +1282,12 @@ class Limiter(_LimiterCore):
     ``throttle-client status`` and ``top`` read. At most 64 printable characters, never
     the key itself. By default a key shows as the first 8 characters of its keyed hash.
 
+    ``history``: count each key's calls per hour, day and month in the store
+    (:meth:`history`). Off by default: a history outlives its key by the longest period
+    it keeps (24 months unless told), so a fleet that keeps making new keys would fill
+    the store with them. ``True`` keeps the defaults of :class:`~throttle_client.History`,
+    ``History(...)`` what it says.
+
     ``clock`` and ``sleep`` are for tests (see ``throttle_client.testing``). With a
     clock, Redis follows it instead of its own TIME.
     """
@@ -1302,7 +1309,7 @@ class Limiter(_LimiterCore):
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
-        history: History | bool = True,
+        history: History | bool = False,
     ) -> None:
         if not isinstance(backend, (Backend, AsyncBackend)):
             backend = legacy.adopt(backend, 2) or _not_a_backend(backend, "Limiter")
@@ -1471,7 +1478,7 @@ class AsyncLimiter(_LimiterCore):
         max_concurrent: int | None = None,
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
-        history: History | bool = True,
+        history: History | bool = False,
     ) -> None:
         super().__init__(
             rates=rates,

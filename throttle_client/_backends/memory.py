@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from . import history, leases
 from .base import (
+    PUSHBACK_STEP_US,
+    PUSHBACK_STEPS,
     Acquire,
     AcquireAll,
     Backend,
@@ -24,13 +26,16 @@ from .base import (
     namespace_prefix,
     pushback_at,
     pushed_back,
-    refused_lately,
 )
+from .expiries import Expiring
 from .sliding_log import Coarse
 
 T = TypeVar("T")
 
-_SWEEP_EVERY = 1024  # operations between sweeps of expired keys
+# The most keys whose time is up an operation forgets of each kind of state, per key it
+# touches: more than it can begin (one of each per key), so the store keeps up with any
+# churn of keys, a few at a time.
+_FORGET_STEP = 4
 
 
 class _MemoryLog:
@@ -182,6 +187,11 @@ class _MemoryLeases:
         held = sum(1 for expiry in self.holders.values() if expiry > now)
         return held, sum(1 for _, alive in self.queue.values() if alive > now)
 
+    def ends(self) -> int:
+        """When every lease and ticket here will have expired, unless renewed."""
+        alive = (until for _, until in self.queue.values())
+        return max(*self.holders.values(), *alive, 0)
+
     def forget(self) -> None:
         self.holders.clear()
         self.queue.clear()
@@ -205,9 +215,25 @@ class MemoryBackend(Backend):
         # refusals per step (``Pushback``).
         self._pushback: dict[str, tuple[str, int, dict[int, int]]] = {}
         self._history: dict[str, tuple[dict[str, int], int]] = {}  # (fields, expires µs)
+        # Each kind of per-key state, and when each key's may go: a log past its horizon
+        # (one without an expiry stays until an operation gives it one), leases whose
+        # holders and waiters all stopped renewing, a card, a pushback or a history past
+        # its time. Forgotten a few at a time as operations run (see expiries).
+        self._expiring_logs = Expiring(self._logs, lambda log: log.expires_at or None)
+        self._expiring_leases = Expiring(self._leases, _MemoryLeases.ends)
+        self._expiring_cards = Expiring(self._cards, lambda card: card[1])
+        self._expiring_pushback = Expiring(self._pushback, _pushback_ends)
+        self._expiring_history = Expiring(self._history, lambda kept: kept[1])
+        self._expiring: tuple[Expiring[Any], ...] = (
+            self._expiring_logs,
+            self._expiring_leases,
+            self._expiring_cards,
+            self._expiring_pushback,
+            self._expiring_history,
+        )
         self._seen = 0  # the latest time an operation ran at (µs): cards read at it
+        self._given_times = False  # whether operations carry their time (a test's clock)
         self._lock = threading.Lock()
-        self._ops = 0
 
     def execute(self, op: Op[T]) -> T:
         granted: list[str] = []
@@ -215,9 +241,14 @@ class MemoryBackend(Backend):
             now = op.time_us(self._clock)
             self._seen = max(self._seen, now)
             result = self._run(op, now, granted)
-            self._ops += 1
-            if self._ops % _SWEEP_EVERY == 0:
-                self._sweep(now)
+            # Keys expire by the clock their operations carry: in a store driven by a
+            # test's clock, an operation on the host's (ping, Backend.forget) forgets
+            # nothing else, as every key would look long expired to it.
+            self._given_times = self._given_times or op.now_us is not None
+            if op.now_us is not None or not self._given_times:
+                most = _FORGET_STEP * max(1, len(leases.log_keys(op)))
+                for kind in self._expiring:
+                    kind.forget(now, most)
         self.doorbell.ring(granted)  # the waiters this step granted a lease, if any
         return result
 
@@ -246,11 +277,14 @@ class MemoryBackend(Backend):
                 fields, _ = self._history.get(spec.key, ({}, 0))
                 history.record(fields, spec, slot, history_cost(op, spec.key))
                 self._history[spec.key] = (fields, slot + history.kept_us(spec.keep))
+                self._expiring_history.written(spec.key)
         if isinstance(op, Pause) and (op.reason or op.refused):
             self._push_back(op, cast(int, result), now)
+            self._expiring_pushback.written(op.key)
         for card in getattr(op, "cards", ()):
             lives = max((log.expires_at for log in logs if log.expires_at), default=0)
             self._cards[card.key] = (card.text, max(lives, now + card.ttl_us))
+            self._expiring_cards.written(card.key)
         for key, log in zip(keys, logs, strict=True):
             if (
                 not log.times
@@ -259,10 +293,14 @@ class MemoryBackend(Backend):
                 and (log.learned is None or log.learned[1] <= now)
             ):  # nothing in it: forgotten at once
                 del self._logs[key]
+            else:
+                self._expiring_logs.written(key)
         for key in touched:  # a key with nobody holding or waiting is forgotten
             held = self._leases.get(key)
             if held is not None and not held.holders and not held.queue:
                 del self._leases[key]
+            else:
+                self._expiring_leases.written(key)
         return result
 
     def _log(self, key: str, now: int) -> _MemoryLog:
@@ -275,22 +313,6 @@ class MemoryBackend(Backend):
     def _push_back(self, op: Pause, pause_until: int, now: int) -> None:
         record = self._pushback.get(op.key, ("", 0, {}))
         self._pushback[op.key] = pushed_back(record, op, pause_until, now)
-
-    def _sweep(self, now: int) -> None:
-        for key in [k for k, log in self._logs.items() if 0 < log.expires_at <= now]:
-            del self._logs[key]
-        for key in [k for k, (_, expires) in self._cards.items() if expires <= now]:
-            del self._cards[key]
-        for key in [k for k, (_, expires) in self._history.items() if expires <= now]:
-            del self._history[key]
-        for key, (_, until, steps) in list(self._pushback.items()):
-            if until <= now and not refused_lately(steps, now):
-                del self._pushback[key]
-        for key, view in list(self._leases.items()):
-            view.prune(now)
-            view.head(now)
-            if not view.holders and not view.queue:
-                del self._leases[key]
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
         with self._lock:
@@ -321,3 +343,11 @@ class MemoryBackend(Backend):
 
     def __repr__(self) -> str:
         return f"MemoryBackend(keys={len(self._logs)})"
+
+
+def _pushback_ends(record: tuple[str, int, dict[int, int]]) -> int:
+    """When a key's pushback says nothing any more: its pause is over and its newest
+    refusal has left the minute counted (base.refused_lately)."""
+    _, until, steps = record
+    counted = (max(steps, default=-PUSHBACK_STEPS) + PUSHBACK_STEPS) * PUSHBACK_STEP_US
+    return max(until, counted)

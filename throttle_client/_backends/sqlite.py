@@ -173,7 +173,8 @@ _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
 CARDS_STEP = 500  # cards read at once by all_cards
 _FORGET_CARD = "DELETE FROM tc_cards WHERE key = ?"
 _FORGET_PUSHBACK = "DELETE FROM tc_pushback WHERE key = ?"
-# A key's usage history (history.py): its fields as JSON; it outlives the key, by design.
+# A key's usage history (history.py): its fields as JSON; it outlives the key, by design
+# (kept only for limiters that ask for one).
 _HISTORY_OF = "SELECT fields FROM tc_history WHERE key = ? AND expires_at > ?"
 _HISTORY = "INSERT OR REPLACE INTO tc_history (key, fields, expires_at) VALUES (?, ?, ?)"
 _FORGET_HISTORY = "DELETE FROM tc_history WHERE key = ?"
@@ -261,8 +262,14 @@ _INSERT = "INSERT INTO tc_entries (key, slot, cum, call_id) VALUES (?, ?, ?, ?)"
 # the units missing from a log that still holds entries carries its total after it.
 _REPAIRED_ID = "(repaired)"
 
-_SWEEP_EVERY = 1024  # operations (per connection) between sweeps of expired keys
-_SWEEP_BATCH = 100  # keys forgotten per sweep, so no single operation does much work
+# Writes (per connection) between sweeps of expired keys; a connection's first write
+# sweeps too, so that short jobs, each opening the file for a few calls on a key of its
+# own, clear what the jobs before them left.
+_SWEEP_EVERY = 32
+# Keys forgotten per sweep at most (of each table): four per write, more than writes
+# begin (one key each, a stacked call a few), so the file keeps up with any churn of
+# keys, and no single operation does much work.
+_SWEEP_BATCH = 4 * _SWEEP_EVERY
 
 
 class _SQLiteLog:
@@ -766,6 +773,7 @@ class SQLiteBackend(Backend):
         self._async: ThreadedAsync | None = None
         self._all: list[_Connection] = []  # this process's connections, for close()
         self._repairs = sliding_log.RepairNotice()
+        self._given_times = False  # whether operations carry their time (a test's clock)
         self._connection()  # fail now, naming the path, if the file cannot be used
 
     def _connection(self) -> _Connection:
@@ -896,9 +904,15 @@ class SQLiteBackend(Backend):
                 if counts and cast(Verdict, result).allowed:
                     assert isinstance(op, (Acquire, AcquireAll))
                     _count(db, op, cast(Verdict, result).slot_us, now)
-                conn.ops += 1
-                if conn.ops % _SWEEP_EVERY == 0:
+                # Keys expire by the clock their operations carry: with a test's clock, an
+                # operation on the host's (Backend.forget) sweeps nothing, as every key
+                # would look long expired to it.
+                self._given_times = self._given_times or op.now_us is not None
+                if conn.ops % _SWEEP_EVERY == 0 and (
+                    op.now_us is not None or not self._given_times
+                ):
                     _sweep(db, now)
+                conn.ops += 1
         return result, repaired, granted
 
     def _logs(
