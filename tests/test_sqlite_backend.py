@@ -80,7 +80,7 @@ def test_expired_keys_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for n in range(8):
         limiter.try_acquire(f"idle-{n}")
     assert keys_in(backend) == 8
-    clock.advance(1.5)  # every log has left its window
+    clock.advance(2.5)  # every log has left its window, and the second stores keep it
     for _ in range(5):
         limiter.usage("busy")  # reads neither write nor sweep
     assert keys_in(backend) == 8
@@ -116,7 +116,7 @@ def test_a_churn_of_jobs_holds_only_the_keys_in_use(tmp_path: Path) -> None:
                 for _ in range(3):
                     assert limiter.try_acquire(f"job-{round_}-{n}").allowed
         sizes.append(rows_in(path))
-        clock.advance(2)  # past every key's horizon, and its card's
+        clock.advance(3)  # past every key's horizon and the second kept after it, and its card's
     assert sizes == [60 * (1 + 3 + 1)] * 4  # each job's key: its meta, 3 entries, its card
 
 

@@ -111,8 +111,7 @@ def read_history(fields: Mapping[str, int], zone: str | None, key: str = "") -> 
         grains[grain].append(Period(start, calls, calls + extra))
     if skipped:
         logger.warning(
-            "store key %s: %d field(s) of its usage history were left out, "
-            "as no store writes them",
+            "store key %s: %d field(s) of its usage history were left out, as no store writes them",
             key,
             skipped,
         )

@@ -84,6 +84,12 @@ class Buckets:
 # A sliding period in µs, a bounded sliding rate's, or a calendar rate's windows.
 Period = int | Buckets | Windows
 
+# How long past its horizon (the last time anything in it can matter) a store keeps a
+# key, its life included: a worker whose clock reads the store's a little behind may
+# still send that life with a call (Acquire.expect), and must find it, not a new key.
+# (Redis keeps a key a tenth of its horizon more, and at least this.)
+KEPT_US = 1_000_000
+
 # How long a store keeps a key's logged calls (so their ids) when every rate of the
 # quota is bounded: a retry of a call comes within its retry_for (1 s by default) and a
 # timeout, and such a key would otherwise drop every entry at once.

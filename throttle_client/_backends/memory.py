@@ -9,6 +9,7 @@ from typing import Any, TypeVar, cast
 
 from . import history, leases
 from .base import (
+    KEPT_US,
     PUSHBACK_STEP_US,
     PUSHBACK_STEPS,
     Acquire,
@@ -28,7 +29,7 @@ from .base import (
     pushed_back,
 )
 from .expiries import Expiring
-from .sliding_log import Coarse
+from .sliding_log import LIFE_RESET, Coarse
 
 T = TypeVar("T")
 
@@ -116,7 +117,12 @@ class _MemoryLog:
         self.life = life
 
     def delete(self) -> None:
+        ends = self.expires_at
         self.__init__()  # type: ignore[misc]
+        self.expires_at = ends  # (see begin)
+
+    def begin(self, now: int, life: int) -> None:
+        self.born, self.life = now, life
 
     def expire_at(self, when: int) -> None:
         self.expires_at = max(self.expires_at, when)
@@ -197,6 +203,11 @@ class _MemoryLeases:
         self.queue.clear()
 
 
+def _log_ends(log: _MemoryLog) -> int | None:
+    """When a key's log may go (None: when it is given a time): KEPT_US past its horizon."""
+    return log.expires_at + KEPT_US if log.expires_at else None
+
+
 class MemoryBackend(Backend):
     """Keeps logs in this process; safe under threads and asyncio tasks.
 
@@ -219,7 +230,7 @@ class MemoryBackend(Backend):
         # (one without an expiry stays until an operation gives it one), leases whose
         # holders and waiters all stopped renewing, a card, a pushback or a history past
         # its time. Forgotten a few at a time as operations run (see expiries).
-        self._expiring_logs = Expiring(self._logs, lambda log: log.expires_at or None)
+        self._expiring_logs = Expiring(self._logs, _log_ends)
         self._expiring_leases = Expiring(self._leases, _MemoryLeases.ends)
         self._expiring_cards = Expiring(self._cards, lambda card: card[1])
         self._expiring_pushback = Expiring(self._pushback, _pushback_ends)
@@ -291,7 +302,8 @@ class MemoryBackend(Backend):
                 and log.pause_until <= now
                 and log.last is None
                 and (log.learned is None or log.learned[1] <= now)
-            ):  # nothing in it: forgotten at once
+                and (log.life != LIFE_RESET or log.expires_at <= now)
+            ):  # nothing in it (not even a reset to tell of): forgotten at once
                 del self._logs[key]
             else:
                 self._expiring_logs.written(key)
@@ -305,7 +317,7 @@ class MemoryBackend(Backend):
 
     def _log(self, key: str, now: int) -> _MemoryLog:
         log = self._logs.get(key)
-        if log is None or (log.expires_at and log.expires_at <= now):
+        if log is None or (log.expires_at and log.expires_at + KEPT_US <= now):
             log = self._logs[key] = _MemoryLog()
             log.born = now
         return log

@@ -95,6 +95,10 @@ class LogView(Protocol):
 
     def set_life(self, life: int) -> None: ...
 
+    def begin(self, now: int, life: int) -> None:
+        """The key's log begins a new ``life`` at ``now`` (after ``delete``), kept, when
+        it had a time to go, until then (a reset: see Reset)."""
+
     def set_learned(self, learned: tuple[int, int, int, int]) -> None: ...
 
     def delete(self) -> None: ...
@@ -577,7 +581,11 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
     if isinstance(op, Learn):
         return cast(T, learn(log, op, now))
     if isinstance(op, Reset):
+        # What a reset leaves is a key begun again at the reset, no older than the one
+        # forgotten: a worker that knew that one does not take it for a store that lost
+        # it (lost_history).
         log.delete()
+        log.begin(now, LIFE_RESET)
         return cast(T, None)
     raise TypeError(f"unknown operation {op!r}")
 

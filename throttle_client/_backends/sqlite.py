@@ -43,6 +43,7 @@ from .._errors import BackendError, BackendUnavailable, ConfigurationError
 from .._ranges import FAR_AHEAD_US, MAX_TOTAL
 from . import history, leases, sliding_log
 from .base import (
+    KEPT_US,
     PUSHBACK_STEP_US,
     PUSHBACK_STEPS,
     Acquire,
@@ -89,7 +90,8 @@ CREATE TABLE IF NOT EXISTS tc_meta (
     pause_until INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
     born INTEGER NOT NULL DEFAULT 0,
-    trimmed INTEGER NOT NULL DEFAULT 0
+    trimmed INTEGER NOT NULL DEFAULT 0,
+    life INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
 CREATE TABLE IF NOT EXISTS tc_holders (
@@ -148,7 +150,7 @@ CREATE INDEX IF NOT EXISTS tc_history_expiry ON tc_history (expires_at);
 # read with the meta.)
 _META = (
     "SELECT m.last, m.total, m.base, m.pause_until, m.expires_at, e.slot, e.cum, "
-    "l.since, l.until, l.lim, l.from_cum, m.born, m.trimmed "
+    "l.since, l.until, l.lim, l.from_cum, m.born, m.trimmed, m.life "
     "FROM tc_meta AS m LEFT JOIN tc_learned AS l ON l.key = m.key "
     "LEFT JOIN tc_entries AS e ON e.key = m.key "
     "AND e.cum = (SELECT max(cum) FROM tc_entries WHERE key = m.key) WHERE m.key = ?"
@@ -265,6 +267,14 @@ _REPAIRED_ID = "(repaired)"
 # Writes (per connection) between sweeps of expired keys; a connection's first write
 # sweeps too, so that short jobs, each opening the file for a few calls on a key of its
 # own, clear what the jobs before them left.
+# The lives a stored meta may name (sliding_log.LIFE_*); anything else reads as afresh.
+_LIVES = (
+    sliding_log.LIFE_AFRESH,
+    sliding_log.LIFE_RESET,
+    sliding_log.LIFE_HELD,
+    sliding_log.LIFE_REBUILT,
+)
+
 _SWEEP_EVERY = 32
 # Keys forgotten per sweep at most (of each table): four per write, more than writes
 # begin (one key each, a stacked call a few), so the file keeps up with any churn of
@@ -287,6 +297,7 @@ class _SQLiteLog:
         self.learned_dirty = False
         self.born = now  # a key begun in this step (a stored one says when it began)
         self.life = 0  # how it began (sliding_log.LIFE_*)
+        self.ended = 0  # the time to go of what delete() forgot
         self.expires_at = 0
         self.dirty = False  # meta must be written back
         self.coarse_logs: dict[str, sliding_log.Coarse] | None = None  # read when first asked
@@ -304,12 +315,13 @@ class _SQLiteLog:
                 self.lost = "meta"
         elif not _readable(row):
             self.lost, self.unreadable = "meta", True
-        elif not 0 < row[4] <= now:
+        elif not 0 < row[4] + KEPT_US <= now:
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
             if all(type(n) is int for n in row[7:11]):
                 self.learned = row[7:11]
             self.born = row[11] if type(row[11]) is int else 0
             self.trimmed = row[12] if type(row[12]) is int else 0
+            self.life = row[13] if row[13] in _LIVES else sliding_log.LIFE_AFRESH
             self.lost = _damage(row)
             self.newest = row[5] or 0
         elif writable:  # nothing in it matters any more: start afresh
@@ -339,6 +351,7 @@ class _SQLiteLog:
             # is lost with it.
             pause = self.pause_until if lost == "damaged" and self.pause_until > 0 else 0
             self.last, self.total, self.base, self.trimmed, self.born = None, 0, 0, 0, now
+            self.life = sliding_log.LIFE_REBUILT
             self.db.execute(_FORGET_META, (self.key,))
             # A learned limit goes with its meta (as on Redis, where it lives in the meta):
             # the running total it counts from may not be the rebuilt one's.
@@ -347,6 +360,7 @@ class _SQLiteLog:
             newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
             if newest is None or not sliding_log.still_matters(newest[0], quota, now):
                 self.db.execute(_FORGET_ENTRIES, (self.key,))
+                self.life = sliding_log.LIFE_AFRESH  # (nothing left to rebuild it from)
                 if lost == "meta" and not self.unreadable:
                     return None  # a key whose time was up: nothing was lost
             else:
@@ -426,7 +440,12 @@ class _SQLiteLog:
         self.life = life
         self.dirty = True
 
+    def begin(self, now: int, life: int) -> None:
+        self.born, self.life, self.expires_at = now, life, self.ended
+        self.dirty = self.ended > 0  # (a key that had no time to go leaves nothing)
+
     def delete(self) -> None:
+        self.ended = self.expires_at  # (see begin)
         for forget in _FORGET_KEY:
             self.db.execute(forget, (self.key,))
         self.coarse_logs, self.coarse_dirty = {}, False
@@ -467,11 +486,11 @@ class _SQLiteLog:
         if self.dirty:
             self.db.execute(
                 "INSERT INTO tc_meta "
-                "(key, last, total, base, pause_until, expires_at, born, trimmed) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "(key, last, total, base, pause_until, expires_at, born, trimmed, life) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
                 "last = excluded.last, total = excluded.total, base = excluded.base, "
                 "pause_until = excluded.pause_until, expires_at = excluded.expires_at, "
-                "born = excluded.born, trimmed = excluded.trimmed",
+                "born = excluded.born, trimmed = excluded.trimmed, life = excluded.life",
                 (
                     self.key,
                     self.last,
@@ -481,6 +500,7 @@ class _SQLiteLog:
                     self.expires_at,
                     self.born,
                     self.trimmed,
+                    self.life,
                 ),
             )
         if self.learned_dirty and self.learned is not None:
@@ -713,8 +733,7 @@ class SQLiteDoorbell(Doorbell):
                         seen = version
                 except sqlite3.Error as exc:
                     logger.debug(
-                        "the doorbell could not read SQLite store %r (%s); "
-                        "it tries again",
+                        "the doorbell could not read SQLite store %r (%s); it tries again",
                         str(self._path),
                         exc,
                     )
@@ -804,6 +823,8 @@ class SQLiteBackend(Backend):
                     db.execute("ALTER TABLE tc_meta ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
                 if "trimmed" not in columns:  # (issue 13: 0, a log that lost nothing)
                     db.execute("ALTER TABLE tc_meta ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0")
+                if "life" not in columns:  # (0: begun afresh, as every key was before)
+                    db.execute("ALTER TABLE tc_meta ADD COLUMN life INTEGER NOT NULL DEFAULT 0")
                 columns = {row[1] for row in db.execute("PRAGMA table_info(tc_learned)")}
                 if "from_cum" not in columns:  # (made between two commits of issue 11)
                     db.execute("DROP TABLE tc_learned")
@@ -1051,7 +1072,7 @@ def _sweep(db: sqlite3.Connection, now: int) -> None:
     """Forget a batch of keys that expired: nothing in their logs can matter any more;
     and a batch of leases that expired and tickets that died (their holders and waiters
     were killed) on keys nobody settles any more."""
-    keys = db.execute(_EXPIRED, (now, _SWEEP_BATCH)).fetchall()
+    keys = db.execute(_EXPIRED, (now - KEPT_US, _SWEEP_BATCH)).fetchall()
     for forget in _FORGET_KEY:
         db.executemany(forget, keys)
     # These two scan their table, which holds only the calls in flight or waiting (and
