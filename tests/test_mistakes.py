@@ -142,3 +142,69 @@ def test_log_lines_do_not_repeat_the_logger_name(caplog: pytest.LogCaptureFixtur
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("throttle_client")]
     assert len(messages) >= 2
     assert not [m for m in messages if m.startswith("throttle_client")]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """One store that two workers share (each a limiter of its own)."""
+    from throttle_client import RedisBackend, SQLiteBackend
+
+    if request.param == "memory":
+        backend: Any = MemoryBackend()
+    elif request.param == "sqlite":
+        backend = SQLiteBackend(tmp_path / "limits.db")
+    else:
+        backend = RedisBackend(request.getfixturevalue("redis_url"))
+    yield backend
+    backend.close()
+
+
+def test_workers_that_disagree_about_a_key_are_told(
+    shared_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each worker holds a key to its own rules only: one of 10/second and one of
+    5/second on one token let 10 through where the upstream allows 5. The store keeps
+    each key's rules beside it; a worker that finds other rules there says which."""
+    clock = FakeClock()
+    strict = Limiter(shared_store, rates=["5/second"], clock=clock, sleep=clock.sleep)
+    loose = Limiter(shared_store, rates=["10/second"], min_interval=0.05, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        strict.try_acquire("token")
+        loose.try_acquire("token")
+        loose.try_acquire("token")  # (said once per key)
+        loose.try_acquire("other token")  # (a key only one of them uses: nothing to say)
+    said = [r.getMessage() for r in caplog.records if "disagree" in r.getMessage()]
+    assert len(said) == 1
+    assert "['10/1s']" in said[0] and "['5/1s']" in said[0] and "min_interval=0.05" in said[0]
+    assert "token" not in said[0].replace("token to", "")  # (the key's label, never the key)
+
+
+def test_workers_with_one_rule_set_say_nothing(
+    shared_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    one = Limiter(shared_store, rates=["5/second"], clock=clock, label=lambda key: "account")
+    other = Limiter(shared_store, rates=["5/second"], clock=clock, label=lambda key: "acct")
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        one.try_acquire("token")
+        other.try_acquire("token")
+    assert not [r for r in caplog.records if "disagree" in r.getMessage()]
+
+
+def test_workers_with_different_key_secrets_are_told(
+    shared_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key_secret set on some hosts only: one token hashes to two keys, two quotas. The
+    namespace keeps its secret's fingerprint; a worker that finds another says so."""
+    hosts = [
+        Limiter(shared_store, rates=["5/second"], namespace="api"),
+        Limiter(shared_store, rates=["5/second"], namespace="api", key_secret="s3cr3t-value"),
+    ]
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        for limiter in hosts:
+            limiter.usage("token")
+    said = [r.getMessage() for r in caplog.records if "different key secrets" in r.getMessage()]
+    assert len(said) == 1 and "s3cr3t" not in said[0] and "'api'" in said[0]
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        Limiter(shared_store, rates=["5/second"], namespace="api").usage("token")
+    assert len([r for r in caplog.records if "different key secrets" in r.getMessage()]) == 1

@@ -37,6 +37,7 @@ from .delay_proxy import DelayProxy
 
 RATE, PERIOD = 4, 1.0  # "4/second"
 RUN = 3.0  # seconds of sending per case
+TASKS = 12  # the async case: each waits its turn behind the others (3 s of backlog)
 MARGIN = 0.025  # the default
 
 
@@ -104,14 +105,14 @@ def test_the_async_transport_keeps_sending_through_a_slow_store(slow_store: Dela
         limiter = AsyncLimiter(backend, rates=[f"{RATE}/second"])
         deadline = time.monotonic() + RUN
         async with AsyncThrottledClient(
-            limiter, transport=httpx.MockTransport(answer), acquire_timeout=10
+            limiter, transport=httpx.MockTransport(answer), acquire_timeout=20
         ) as client:
 
             async def task() -> None:
                 while time.monotonic() < deadline:
                     await client.get("http://api.test/", headers={"Authorization": "Bearer T"})
 
-            await asyncio.wait_for(asyncio.gather(*(task() for _ in range(32))), 30)
+            await asyncio.wait_for(asyncio.gather(*(task() for _ in range(TASKS))), 30)
         await backend.aclose()
 
     asyncio.run(crawl())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +23,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from ._errors import ConfigurationError
+from ._events import key_label
 from ._rate import Rate
+
+log = logging.getLogger("throttle_client")
 
 MAX_LABEL = 64  # characters
 # Keys whose label and card's next send a limiter keeps in mind, the newest: one past
@@ -211,3 +215,46 @@ class Cards:
     def missed(self, store_key: str) -> None:
         with self._lock:
             self._due.pop(store_key, None)
+
+
+class Disagreements:
+    """Says when workers disagree about a key: a card a decision replaced held other
+    rules (rates, gap, margin, cap) than the one it wrote, so two workers hold one key to
+    different quotas, and the looser lets more through than the upstream allows. One
+    WARNING per key, for the newest REMEMBERED keys (a fleet would repeat it per call)."""
+
+    def __init__(self) -> None:
+        self._told: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, store_key: str, theirs: str | bytes, ours: str) -> None:
+        """``theirs``: the card the store held for ``store_key``; ``ours``: the one written."""
+        before, now = Card.parse(theirs), Card.parse(ours)
+        if before is None or now is None or _rules(before) == _rules(now):
+            return
+        with self._lock:
+            if store_key in self._told:
+                return
+            self._told[store_key] = None
+            if len(self._told) > REMEMBERED:
+                self._told.popitem(last=False)
+        label = now.label or before.label or key_label(store_key)
+        log.warning(
+            "workers disagree about key %s (namespace %r): this one holds it to %s, another "
+            "to %s. Each holds the key to its own rules only, so the looser one lets more "
+            "calls through than the other allows: give every worker of a key the same rates, "
+            "min_interval, margin and max_concurrent",
+            label,
+            now.namespace,
+            _said(now),
+            _said(before),
+        )
+
+
+def _rules(card: Card) -> tuple[object, ...]:
+    return (card.namespace, card.rates, card.min_interval, card.margin, card.max_concurrent)
+
+
+def _said(card: Card) -> str:
+    rules = f"rates {list(card.rates)}, min_interval={card.min_interval:g}, margin={card.margin:g}"
+    return rules + (f", max_concurrent={card.max_concurrent}" if card.max_concurrent else "")

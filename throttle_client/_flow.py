@@ -119,5 +119,14 @@ class AwaitGrant(NamedTuple):
     seconds: float
 
 
-LimiterStep = Call | Sleep | ReadClock | AwaitGrant
+class Introduce(NamedTuple):
+    """Keep this limiter's key secret ``fingerprint`` as ``namespace``'s record in the
+    store, unless it holds one (Backend.fingerprint). Result: ``(the one it holds, or None
+    for a store that keeps no such record, local time after)``."""
+
+    namespace: str
+    fingerprint: str
+
+
+LimiterStep = Call | Sleep | ReadClock | AwaitGrant | Introduce
 Flow = Generator[Any, Any, R]

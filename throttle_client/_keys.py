@@ -90,6 +90,14 @@ def hashed_key(secret: bytes, namespace: str, key: str, tag: str | None = None) 
         raise ConfigurationError(where) from None
 
 
+def fingerprint(secret: bytes) -> str:
+    """8 characters that tell one key secret from another without revealing it: what a
+    namespace's record in the store holds, so that workers hashing keys with different
+    secrets (one token, two logs, two quotas) find out."""
+    digest = hmac.new(secret, b"throttle_client key secret", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:6]).decode()
+
+
 def _not_utf8(what: str, position: int, length: int) -> str:
     """Where a str fails to encode, by position and length only: it may be a secret."""
     return (

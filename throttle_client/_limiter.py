@@ -82,6 +82,7 @@ from ._flow import (
     AwaitGrant,
     Call,
     Flow,
+    Introduce,
     LimiterStep,
     ReadClock,
     Sleep,
@@ -90,7 +91,7 @@ from ._flow import (
     run,
 )
 from ._history import History, Offsets, UsageHistory, read_history, spec_for
-from ._keys import check_namespace, hashed_key, resolve_secret
+from ._keys import SECRET_ENV, check_namespace, fingerprint, hashed_key, resolve_secret
 from ._lease import AsyncLease, Lease, _Held
 from ._lives import Lives
 from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS, MAX_TOTAL
@@ -123,6 +124,9 @@ EARLY = 0.005
 # How much earlier than a round trip and a half before its slot a sleeping call looks at
 # its key (seconds): room for the wake-up's own lateness and a slower answer.
 LOOK_AHEAD = 0.002
+# The shortest sleep before a slot in which a limiter asks the namespace's record of its
+# key secret, once (seconds, and four round trips to the store).
+INTRODUCE_IN = 0.05
 # Late wake-ups after which a call goes anyway (with a warning) rather than book again.
 MAX_REBOOKS = 3
 
@@ -219,6 +223,7 @@ class _LimiterCore:
         self._warned_spread = threading.Event()
         self._rtt = 0.0  # the latest round trip to the store (seconds)
         self._lives = Lives()  # what this worker knows of its keys' lives in the store
+        self._introduced = False  # whether the namespace's record was asked (_introduce_flow)
         # The margin widens every window and the gap in the slot arithmetic: requests
         # that leave up to ``margin`` after their slots still never crowd a window, nor
         # come closer than the gap, as the upstream counts them on arrival. With no gap
@@ -718,6 +723,8 @@ class _LimiterCore:
                             sent = now
                             continue
                     wake = clock.wake_at(slot)  # (what the look said of the clock, too)
+                if not self._introduced and wake - now > INTRODUCE_IN + 4 * rtt:
+                    now = yield from self._introduce_flow(now)  # (a sleep long enough for it)
                 if wake - now >= 5e-7:
                     slept += wake - now
                     now = yield Sleep(wake - now)
@@ -924,6 +931,32 @@ class _LimiterCore:
         guard.succeeded()
         return result, True, now
 
+    def _introduce_flow(self, now: float) -> Flow[float]:
+        """Once per limiter: the namespace's record of its key secret (Backend.fingerprint).
+        Workers that hash with different secrets (one set key_secret, or
+        THROTTLE_CLIENT_KEY_SECRET, another not) give one token a log, and a quota, per
+        secret: said once. Asked while a call sleeps anyway, never in a call's way, and
+        nothing fails for it. Returns the local time after."""
+        self._introduced = True
+        ours = fingerprint(self._secret)
+        try:
+            held, now = yield Introduce(self.namespace, ours)
+        except Exception as exc:  # (an outage is met again by the operations themselves)
+            log.debug("could not read the record of namespace %r: %s", self.namespace, exc)
+            after: float = yield ReadClock()
+            return after
+        if held is not None and held != ours:
+            log.warning(
+                "workers of namespace %r hash keys with different key secrets (this one's "
+                "fingerprint is %s, the store's %s): each secret gives a token a log, and a "
+                "quota, of its own. Give every worker the same key_secret (or %s)",
+                self.namespace,
+                ours,
+                held,
+                SECRET_ENV,
+            )
+        return now
+
     def _fallback(self, op: Op[T]) -> T:
         """``on_unavailable``'s answer to ``op`` (or its BackendUnavailable)."""
         answer = self._guard.substitute(op)()
@@ -981,6 +1014,8 @@ class _LimiterCore:
         return min(bounds)
 
     def _usage_flow(self, store_key: str, now: float) -> Flow[Usage]:
+        if not self._introduced:  # (a read is never in a hurry: see _introduce_flow)
+            now = yield from self._introduce_flow(now)
         snap, _, _ = yield from self._ask_flow(self._inspect_op(store_key, now), now)
         # The stores repair or refuse a damaged key; whatever damage gets past them is
         # refused here rather than reported as units no key can have used.
@@ -1343,6 +1378,8 @@ class Limiter(_LimiterCore):
         """One step of a flow, with blocking calls (see ``_flow``)."""
         if isinstance(step, Call):
             return self.backend.execute(step.op), self._local()
+        if isinstance(step, Introduce):
+            return self.backend.fingerprint(step.namespace, step.fingerprint), self._local()
         if isinstance(step, Sleep):
             self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
@@ -1508,6 +1545,9 @@ class AsyncLimiter(_LimiterCore):
         """One step of a flow, awaited (see ``_flow``)."""
         if isinstance(step, Call):
             return await self.backend.aexecute(step.op), self._local()
+        if isinstance(step, Introduce):
+            held = await self.backend.afingerprint(step.namespace, step.fingerprint)
+            return held, self._local()
         if isinstance(step, Sleep):
             await self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):

@@ -449,6 +449,30 @@ class Reset(Op[None]):
     now_us: int | None = None
 
 
+@dataclass(frozen=True)
+class Fingerprint(Op[str]):
+    """Keep ``fingerprint`` (of the key secret its limiters hash keys with) as the record
+    ``key`` of a namespace, unless it holds one already, for ``ttl_us`` more; answers the
+    fingerprint the record holds. Workers whose secrets differ hash one token to two keys,
+    each with a quota of its own: the limiter that finds another fingerprint says so."""
+
+    key: str  # the namespace's record (namespace_record)
+    fingerprint: str
+    ttl_us: int
+    now_us: int | None = None
+
+
+# How long a namespace's record of its key secret lives (µs), renewed by each limiter
+# made: a fleet that starts a worker a month apart still finds its secret told.
+RECORD_TTL_US = 30 * 86_400 * 1_000_000
+
+
+def namespace_record(namespace: str) -> str:
+    """The store key of a namespace's record: no store key of a limiter's is like it (a
+    hash tag of 22 characters follows its namespace's colon)."""
+    return f"{namespace}:{{record}}"
+
+
 def host_clock(clock: Callable[[], float] | None, backend: str) -> Callable[[], float]:
     """The clock a store that has none of its own reads: the host's. ``clock`` is the
     deprecated way to set another; a limiter's ``clock`` now reaches every store."""
@@ -521,6 +545,13 @@ class Backend(abc.ABC):
         nothing in it."""
         self.execute(_PING)
 
+    def fingerprint(self, namespace: str, value: str) -> str | None:
+        """Keep ``value``, the fingerprint of a limiter's key secret, as ``namespace``'s
+        record unless it holds one (:class:`Fingerprint`); answers the one it holds. None:
+        this store keeps no such record, and no limiter can learn that its workers hash
+        with different secrets."""
+        return None
+
     @functools.cached_property
     def doorbell(self) -> Doorbell:
         """How this process's waiters for a capped key hear that they were granted a
@@ -575,6 +606,10 @@ class AsyncBackend(abc.ABC):
         """As :meth:`Backend.ping`."""
         await self.aexecute(_PING)
 
+    async def afingerprint(self, namespace: str, value: str) -> str | None:
+        """As :meth:`Backend.fingerprint`."""
+        return None
+
     @functools.cached_property
     def doorbell(self) -> Doorbell:
         """As :attr:`Backend.doorbell`."""
@@ -606,6 +641,9 @@ class InlineAsync(AsyncBackend):
     async def aexecute(self, op: Op[T]) -> T:
         return self.backend.execute(op)
 
+    async def afingerprint(self, namespace: str, value: str) -> str | None:
+        return self.backend.fingerprint(namespace, value)
+
     async def aclose(self) -> None:
         self.backend.close()
 
@@ -631,19 +669,23 @@ class ThreadedAsync(AsyncBackend):
     def doorbell(self) -> Doorbell:
         return self.backend.doorbell
 
-    def _pool(self, op: Op[Any]) -> ThreadPoolExecutor:
+    def _pool(self, read: bool) -> ThreadPoolExecutor:
         with self._lock:
             # Threads do not cross a fork: a child makes its own pools.
             if self._pools is None or self._pools[0] != os.getpid():
                 writer = ThreadPoolExecutor(1, thread_name_prefix="throttle-client-write")
                 readers = ThreadPoolExecutor(2, thread_name_prefix="throttle-client-read")
                 self._pools = (os.getpid(), writer, readers)
-            return self._pools[2] if isinstance(op, Inspect) else self._pools[1]
+            return self._pools[2] if read else self._pools[1]
 
     async def aexecute(self, op: Op[T]) -> T:
-        pool = self._pool(op)
+        pool = self._pool(isinstance(op, Inspect))
         run = functools.partial(contextvars.copy_context().run, self.backend.execute, op)
         return await asyncio.get_running_loop().run_in_executor(pool, run)
+
+    async def afingerprint(self, namespace: str, value: str) -> str | None:
+        record = functools.partial(self.backend.fingerprint, namespace, value)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(False), record)
 
     def shutdown(self) -> None:
         """Let this process's threads go (a later operation starts new ones)."""

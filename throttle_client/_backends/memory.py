@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
+from .._cards import Disagreements
 from . import history, leases
 from .base import (
     KEPT_US,
     PUSHBACK_STEP_US,
     PUSHBACK_STEPS,
+    RECORD_TTL_US,
     Acquire,
     AcquireAll,
     Backend,
@@ -243,6 +246,9 @@ class MemoryBackend(Backend):
             self._expiring_history,
         )
         self._seen = 0  # the latest time an operation ran at (µs): cards read at it
+        self._disagree = Disagreements()  # workers whose cards of one key differ
+        # Namespace -> its record (Backend.fingerprint): the fingerprint, its expiry µs.
+        self._records: dict[str, tuple[str, int]] = {}
         self._given_times = False  # whether operations carry their time (a test's clock)
         self._lock = threading.Lock()
 
@@ -294,6 +300,9 @@ class MemoryBackend(Backend):
             self._expiring_pushback.written(op.key)
         for card in getattr(op, "cards", ()):
             lives = max((log.expires_at for log in logs if log.expires_at), default=0)
+            before = self._cards.get(card.key)
+            if before is not None and before[1] > now and before[0] != card.text:
+                self._disagree(card.key, before[0], card.text)
             self._cards[card.key] = (card.text, max(lives, now + card.ttl_us))
             self._expiring_cards.written(card.key)
         for key, log in zip(keys, logs, strict=True):
@@ -325,6 +334,18 @@ class MemoryBackend(Backend):
     def _push_back(self, op: Pause, pause_until: int, now: int) -> None:
         record = self._pushback.get(op.key, ("", 0, {}))
         self._pushback[op.key] = pushed_back(record, op, pause_until, now)
+
+    def fingerprint(self, namespace: str, value: str) -> str | None:
+        """As :meth:`Backend.fingerprint`: by the host's clock (a record lasts a month),
+        apart from the keys' operations, whose clock may be a test's."""
+        now = int(time.time() * 1_000_000)
+        with self._lock:
+            told, expires = self._records.get(namespace, (value, 0))
+            if expires <= now:
+                told = value
+            if told == value:
+                self._records[namespace] = (told, now + RECORD_TTL_US)
+        return told
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
         with self._lock:

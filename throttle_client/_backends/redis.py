@@ -32,15 +32,18 @@ from redis import exceptions as rx
 from redis._parsers.base import BaseParser
 from redis.crc import key_slot
 
+from .._cards import Disagreements
 from .._errors import BackendError, ConfigurationError
 from .._flow import arun, run
 from . import history
 from .base import (
+    RECORD_TTL_US,
     Acquire,
     AcquireAll,
     AsyncBackend,
     Backend,
     Buckets,
+    Fingerprint,
     Inspect,
     Learn,
     Op,
@@ -55,6 +58,7 @@ from .base import (
     StoreCard,
     Verdict,
     namespace_prefix,
+    namespace_record,
     pushback_at,
 )
 from .batching import Batcher, Send, Wait
@@ -187,6 +191,9 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
         return redis_keys(op.key) + lease_keys(op.key) + beside, (b"reset", b"-", now)
     if isinstance(op, ReadHistory):
         return (history_key(op.key),), (b"history_read",)
+    if isinstance(op, Fingerprint):
+        ttl_ms = b"%d" % max(1, op.ttl_us // 1000)
+        return (f"tc:{op.key}".encode(),), (b"fingerprint", b"-", now, op.fingerprint, ttl_ms)
     if isinstance(op, (Release, Renew)):
         capped = [c for c in op.charges if c.quota.max_concurrent]
         keys = tuple(name for c in capped for name in lease_keys(c.key))
@@ -255,6 +262,8 @@ _REPAIRED: dict[bytes | str, str] = {
 
 def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     words = reply.split()
+    if isinstance(op, Fingerprint):
+        return cast(T, _text(reply))
     if isinstance(op, ReadHistory):  # "field count field count ...": no number is lost
         pairs = zip(words[::2], words[1::2], strict=True)
         return cast(T, {_text(name): int(n) for name, n in pairs})
@@ -453,9 +462,15 @@ def _bin(data: bytes) -> bytes:
 _recurring = functools.lru_cache(maxsize=1024)(_bin)
 
 
-def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[Any]:
+def decode_batch(
+    ops: list[Op[Any]],
+    reply: Any,
+    notice: RepairNotice,
+    disagree: Disagreements | None = None,
+) -> list[Any]:
     """Per operation, its answer or the exception to raise: the script answers a batch with
-    one line per operation, an error as "!" and the server's message."""
+    one line per operation, an error as "!" and the server's message. A card's line is
+    "1", or the card it replaced when that one said otherwise (``disagree`` hears it)."""
     # Per operation, the items that go before it (its history) and after it (its cards).
     around = [(len(_declared(op)), len(getattr(op, "cards", ()))) for op in ops]
     extra = sum(before + after for before, after in around)
@@ -466,8 +481,13 @@ def decode_batch(ops: list[Op[Any]], reply: Any, notice: RepairNotice) -> list[A
         raise BackendError(f"Redis answered {len(lines)} lines for {len(ops) + extra} items")
     if extra:  # each operation's own line (the others': "1", or an error shrugged off)
         own, at = [], 0
-        for before, after in around:
+        for op, (before, after) in zip(ops, around, strict=True):
             own.append(lines[at + before])
+            cards = getattr(op, "cards", ())
+            said = lines[at + before + 1 : at + before + 1 + after]
+            for card, line in zip(cards, said, strict=True):
+                if disagree and line not in (b"1", "1") and line[:1] not in (b"!", "!"):
+                    disagree(card.key, line, card.text)
             at += before + 1 + after
         lines = own
     outcomes: list[Any] = []
@@ -490,7 +510,11 @@ def _raised(error: BackendError, cause: BaseException) -> BackendError:
 
 
 def _script_flow(
-    ops: list[Op[Any]], queued: list[float], calls: _Calls, repairs: RepairNotice
+    ops: list[Op[Any]],
+    queued: list[float],
+    calls: _Calls,
+    repairs: RepairNotice,
+    disagree: Disagreements | None = None,
 ) -> Generator[_Command, Any, list[Any]]:
     """Operations as the script runs them, in one call, for both backends (see ``_flow``):
     FCALL, or EVALSHA where functions cannot be used, loading the library or the script
@@ -537,7 +561,7 @@ def _script_flow(
         # Refused (NOPERM, CONFIG renamed on a managed service): stay silent.
         with contextlib.suppress(*DRIVER_ERRORS):
             warn_if_evicting((yield _Command("config_get", ("maxmemory*",))))
-    return decode_batch(ops, reply, repairs)
+    return decode_batch(ops, reply, repairs, disagree)
 
 
 def _one_slot(store_keys: list[str]) -> None:
@@ -632,11 +656,14 @@ class RedisBackend(Backend):
         else:
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
         self._repairs = RepairNotice()
+        self._disagree = Disagreements()
         self._calls = _Calls()
         self._batcher = _batcher(
             self._runner,
             self._owned,
-            lambda ops, queued: _script_flow(ops, queued, self._calls, self._repairs),
+            lambda ops, queued: _script_flow(
+                ops, queued, self._calls, self._repairs, self._disagree
+            ),
             threading.Event,
             threading.Event.set,
             cluster=self._url is not None or isinstance(client, redis.cluster.RedisCluster),
@@ -683,6 +710,11 @@ class RedisBackend(Backend):
             return list(pipe.execute())
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
+
+    def fingerprint(self, namespace: str, value: str) -> str | None:
+        """As :meth:`Backend.fingerprint`."""
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        return run(self._batcher.flow(op), self._perform)
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
         keys = list(store_keys)
@@ -769,6 +801,7 @@ class AsyncRedisBackend(AsyncBackend):
                 f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
             )
         self._repairs = RepairNotice()
+        self._disagree = Disagreements()
         self._calls = _Calls()
         self._loop: asyncio.AbstractEventLoop | None = None  # the one its connections are of
         self._batcher = self._new_batcher()
@@ -777,7 +810,9 @@ class AsyncRedisBackend(AsyncBackend):
         return _batcher(
             self._runner,
             self._owned,
-            lambda ops, queued: _script_flow(ops, queued, self._calls, self._repairs),
+            lambda ops, queued: _script_flow(
+                ops, queued, self._calls, self._repairs, self._disagree
+            ),
             lambda: asyncio.get_running_loop().create_future(),
             _resolve,
             cluster=isinstance(self._runner, redis.asyncio.cluster.RedisCluster),
@@ -817,6 +852,11 @@ class AsyncRedisBackend(AsyncBackend):
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
+
+    async def afingerprint(self, namespace: str, value: str) -> str | None:
+        """As :meth:`Backend.fingerprint`."""
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        return await self.aexecute(op)
 
     def check_together(self, store_keys: list[str]) -> None:
         if isinstance(self._runner, redis.asyncio.cluster.RedisCluster):

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from .._cards import Disagreements
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
 from .._ranges import FAR_AHEAD_US, MAX_TOTAL
 from . import history, leases, sliding_log
@@ -46,9 +47,11 @@ from .base import (
     KEPT_US,
     PUSHBACK_STEP_US,
     PUSHBACK_STEPS,
+    RECORD_TTL_US,
     Acquire,
     AcquireAll,
     Backend,
+    Fingerprint,
     Inspect,
     Learn,
     Op,
@@ -64,6 +67,7 @@ from .base import (
     history_cost,
     host_clock,
     namespace_prefix,
+    namespace_record,
     pushback_at,
     pushed_back,
 )
@@ -140,6 +144,11 @@ CREATE TABLE IF NOT EXISTS tc_history (
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tc_history_expiry ON tc_history (expires_at);
+CREATE TABLE IF NOT EXISTS tc_records (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
@@ -209,6 +218,8 @@ _ALL_CARDS = (
 _EXPIRED_CARDS = (
     "DELETE FROM tc_cards WHERE key IN (SELECT key FROM tc_cards WHERE expires_at <= ? LIMIT ?)"
 )
+_RECORD = "SELECT value FROM tc_records WHERE key = ? AND expires_at > ?"
+_KEEP_RECORD = "INSERT OR REPLACE INTO tc_records (key, value, expires_at) VALUES (?, ?, ?)"
 _EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
 # A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
 _PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
@@ -792,6 +803,7 @@ class SQLiteBackend(Backend):
         self._async: ThreadedAsync | None = None
         self._all: list[_Connection] = []  # this process's connections, for close()
         self._repairs = sliding_log.RepairNotice()
+        self._disagree = Disagreements()  # workers whose cards of one key differ
         self._given_times = False  # whether operations carry their time (a test's clock)
         self._connection()  # fail now, naming the path, if the file cannot be used
 
@@ -916,6 +928,9 @@ class SQLiteBackend(Backend):
                     log.save()
                 for card in getattr(op, "cards", ()):
                     lives = max((log.expires_at for log in logs), default=0)
+                    before = db.execute(_CARDS_OF, (card.key, now)).fetchone()
+                    if before is not None and before[1] != card.text:
+                        self._disagree(card.key, before[1], card.text)
                     db.execute(_CARD, (card.key, card.text, max(lives, now + card.ttl_us)))
                 if isinstance(op, Pause) and (op.reason or op.refused):
                     _push_back(db, op, cast(int, result), now)
@@ -974,6 +989,16 @@ class SQLiteBackend(Backend):
     def doorbell(self) -> SQLiteDoorbell:
         """As :attr:`Backend.doorbell`; it also hears of grants made by other processes."""
         return SQLiteDoorbell(self.path)
+
+    def fingerprint(self, namespace: str, value: str) -> str | None:
+        """As :meth:`Backend.fingerprint`."""
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        conn = self._connection()
+        try:
+            with self._writer_lock(), _transaction(conn.db, "BEGIN IMMEDIATE"):
+                return _fingerprint(conn.db, op, op.time_us(time.time))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
         now, found = int(self._clock() * 1_000_000), dict[str, str]()
@@ -1066,6 +1091,16 @@ def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[None]:
 
 def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
     return SQLiteBackend(path, busy_timeout=busy_timeout)
+
+
+def _fingerprint(db: sqlite3.Connection, op: Fingerprint, now: int) -> str:
+    """A namespace's record (base.Fingerprint): the fingerprint it holds, kept if it is
+    ``op``'s, begun with ``op``'s if it holds none."""
+    row = db.execute(_RECORD, (op.key, now)).fetchone()
+    held: str = op.fingerprint if row is None else row[0]
+    if held == op.fingerprint:
+        db.execute(_KEEP_RECORD, (op.key, held, now + op.ttl_us))
+    return held
 
 
 def _sweep(db: sqlite3.Connection, now: int) -> None:

@@ -944,6 +944,20 @@ local function run_one(keys, argv)
     end
     return '1'
   end
+  if op == 'fingerprint' then
+    -- A namespace's record (base.Fingerprint; keys: R; argv: fingerprint, -, now, the
+    -- fingerprint, a TTL in ms): the one it holds, kept if it is the caller's, begun
+    -- with it if it holds none.
+    local ttl = whole(argv[5], 1)
+    if #keys ~= 1 or type(argv[4]) ~= 'string' or not ttl then return fail('bad fingerprint') end
+    local held = redis.call('GET', keys[1])
+    if not held or held == argv[4] then
+      redis.call('SET', keys[1], argv[4], 'PX', format('%d', ttl))
+      return argv[4]
+    end
+    return held
+  end
+
   if op == 'card' then
     -- A key's card (JSON for operators: its label and rules), beside its M (keys: M, C;
     -- argv: card, -, now, the card, a TTL in ms), after the operation it rides with: it
@@ -958,7 +972,10 @@ local function run_one(keys, argv)
     else
       ttl = math.max(ttl, redis.call('PTTL', keys[1]))
     end
-    redis.call('SET', keys[2], argv[4], 'PX', format('%d', ttl))
+    -- The card it replaces, when that one said otherwise: workers that disagree about the
+    -- key's rules (the client compares them).
+    local before = redis.call('SET', keys[2], argv[4], 'PX', format('%d', ttl), 'GET')
+    if before and before ~= argv[4] then return before end
     return '1'
   end
 
