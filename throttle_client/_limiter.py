@@ -1299,8 +1299,10 @@ class Limiter(_LimiterCore):
     ``margin`` (seconds, default 25 ms) is how much later than its slot a request may
     reach the upstream, which counts arrivals, not slots: every window and the minimum
     interval are widened by it, and a call that wakes later than its slot + margin books
-    a new slot before it returns (``Decision.late_wakeups``). 0 turns this off: then
-    only the slots are exact.
+    a new slot before it returns (``Decision.late_wakeups``), at most three times. 0
+    turns this off: nothing is widened and no lateness judged, so only the slots are
+    exact; requests then reach the upstream a little after their slots, and need the
+    headroom of rates and a gap a little stricter than the upstream's.
 
     ``on_unavailable`` says what happens when the store cannot be reached after
     ``retry_for`` seconds of retries: ``"raise"`` (BackendUnavailable, the default),
