@@ -173,3 +173,75 @@ def test_every_store_holds_a_key_whose_calls_it_lost(
     decision = limiter.try_acquire("token")
     assert not decision.allowed and us(decision.slot) >= first + 10 * US
     backend.close()
+
+
+def test_a_copy_restored_with_fewer_calls_is_held(store: RedisServer) -> None:
+    """A restore from an older copy (or a failover to a replica that lagged) keeps the
+    key's life but loses its latest calls: it counts fewer units than the worker saw."""
+    clock = FakeClock()
+    limiter = worker(store, clock)
+    limiter.acquire("token")
+    client = redis.Redis.from_url(store.url)
+    names = redis_keys(limiter.store_key("token"))
+    copy = {name: client.dump(name) for name in names}
+    for _ in range(4):
+        limiter.acquire("token")  # the window is full
+    for name, dumped in copy.items():
+        client.restore(name, 0, dumped, replace=True)  # back to one call
+    client.close()
+    decision = limiter.try_acquire("token")
+    assert not decision.allowed and decision.retry_after >= 9.9
+
+
+def test_a_refused_call_keeps_the_hold_on_sqlite(tmp_path: Any) -> None:
+    """The hold is kept even when the call that found the loss was refused: a worker
+    that never saw the key finds it held too."""
+    clock = FakeClock()
+    path = tmp_path / "limits.db"
+
+    def sqlite_worker() -> Limiter:
+        backend = SQLiteBackend(path)
+        return Limiter(backend, rates=RATES, margin=0, clock=clock, sleep=clock.sleep)
+
+    old = sqlite_worker()
+    for _ in range(5):
+        old.acquire("token")
+    with sqlite3.connect(path) as db:
+        for table in ("tc_entries", "tc_meta"):
+            db.execute(f"DELETE FROM {table} WHERE key = ?", (old.store_key("token"),))
+    assert not old.try_acquire("token").allowed  # held
+    newcomer = sqlite_worker()
+    assert not newcomer.try_acquire("token").allowed
+
+
+def test_a_calendar_rate_is_held_to_the_end_of_its_window(store: RedisServer) -> None:
+    """Calls lost in today's window count until midnight, not for a day from now."""
+    from datetime import datetime, timezone
+
+    from throttle_client import Rate
+
+    clock = FakeClock(datetime(2026, 3, 2, 23, 50, tzinfo=timezone.utc).timestamp())
+    limiter = worker(store, clock, rates=[Rate(100, "day", tz="UTC")], min_interval=0)
+    for _ in range(3):
+        limiter.acquire("token")
+    store.restart()
+    decision = limiter.try_acquire("token")
+    assert not decision.allowed
+    midnight = datetime(2026, 3, 3, tzinfo=timezone.utc).timestamp()
+    assert decision.slot == pytest.approx(midnight, abs=1)
+
+
+def test_the_local_fallback_is_never_taken_for_a_lost_store(store: RedisServer) -> None:
+    """While the store is down, LocalFallback's own log is new: a life the worker knew in
+    the store must not hold it."""
+    from throttle_client import LocalFallback
+
+    limiter = Limiter(
+        RedisBackend(store.url),
+        rates=["100/hour"],
+        on_unavailable=LocalFallback(expected_workers=2),
+        retry_for=0.05,
+    )
+    assert limiter.acquire("token").allowed
+    store.kill()
+    assert limiter.try_acquire("token").allowed  # this worker's share, in memory

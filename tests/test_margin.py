@@ -304,3 +304,39 @@ def test_a_sleep_that_ends_early_is_slept_out() -> None:
     # what the margin asks for, and only the line above can be held.
     if max(overran) < margin / 2:
         assert decision.late_wakeups == 0, overran
+
+
+def test_a_call_booked_at_the_end_of_a_pause_keeps_its_slot() -> None:
+    """A transport's look for a pause, made before the slot, finds the pause the call was
+    booked after still in force: that is no reason to book again."""
+    clock = FakeClock()
+    store = slow_store(clock, [], 0.002)  # the look goes 3 ms before the slot
+    limiter = Limiter(store, rates=["4/second"], clock=clock, sleep=clock.sleep)
+    seen: list[Any] = []
+    limiter.listen(seen.append)
+    limiter.pause("T", 1.0)
+    sent: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(clock.now)
+        return httpx.Response(200)
+
+    client = ThrottledClient(limiter, transport=httpx.MockTransport(upstream))
+    started = clock.now
+    for _ in range(4):
+        client.get("https://api.test/", headers={"Authorization": "Bearer T"})
+    # All four booked at the pause's end, and sent then (each answer took 2 ms).
+    assert all(1.0 <= t - started <= 1.0 + 4 * 0.002 + 1e-6 for t in sent), sent
+    assert not [e for e in seen if e.kind == "late_wakeup"]
+
+
+def test_a_lead_never_outlasts_the_wait_allowed() -> None:
+    """Slow answers make a limiter ask for slots a round trip ahead; a caller that waits
+    less than that still gets an idle key's slot within its timeout."""
+    clock = FakeClock()
+    store = slow_store(clock, [], 0.01)  # every answer takes 10 ms, 4 of them the margin
+    limiter = Limiter(store, rates=["100/second"], margin=0.025, clock=clock, sleep=clock.sleep)
+    for key in ("a", "b", "c"):
+        limiter.acquire(key)  # (the round trip is learned)
+    decisions = [limiter.acquire(f"idle-{n}", timeout=0.015) for n in range(5)]
+    assert all(d.allowed for d in decisions)

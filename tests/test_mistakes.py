@@ -196,15 +196,29 @@ def test_workers_with_different_key_secrets_are_told(
 ) -> None:
     """A key_secret set on some hosts only: one token hashes to two keys, two quotas. The
     namespace keeps its secret's fingerprint; a worker that finds another says so."""
-    hosts = [
-        Limiter(shared_store, rates=["5/second"], namespace="api"),
-        Limiter(shared_store, rates=["5/second"], namespace="api", key_secret="s3cr3t-value"),
-    ]
+    clock = FakeClock()
+
+    def host(**secret: Any) -> Limiter:
+        options = {"rates": ["1/second"], "namespace": "api", "clock": clock, **secret}
+        return Limiter(shared_store, sleep=clock.sleep, **options)
+
+    def told() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "different key secrets" in r.getMessage()]
+
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
-        for limiter in hosts:
-            limiter.usage("token")
-    said = [r.getMessage() for r in caplog.records if "different key secrets" in r.getMessage()]
-    assert len(said) == 1 and "s3cr3t" not in said[0] and "'api'" in said[0]
+        for limiter in (host(), host(key_secret="s3cr3t-value")):
+            limiter.acquire("token")
+            limiter.acquire("token")  # (asked while it sleeps to its slot)
+    assert len(told()) == 1 and "s3cr3t" not in told()[0] and "'api'" in told()[0]
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
-        Limiter(shared_store, rates=["5/second"], namespace="api").usage("token")
-    assert len([r for r in caplog.records if "different key secrets" in r.getMessage()]) == 1
+        host().usage("token")  # the secret the record holds: nothing to say
+        host(key_secret="another").usage("token")  # a read looks, and says
+    assert len(told()) == 2
+
+
+def test_a_read_never_writes_the_namespace_record(shared_store: Any) -> None:
+    """A one-off read (throttle-client status, usage()) with a wrong secret must not set
+    the record that every worker of the namespace is then held against."""
+    reader = Limiter(shared_store, rates=["5/second"], namespace="api", key_secret="wrong")
+    reader.usage("token")
+    assert shared_store.fingerprint("api", "the workers' own", keep=False) is None

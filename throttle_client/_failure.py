@@ -183,7 +183,10 @@ class FailureGuard:
             assert isinstance(self.on_unavailable, LocalFallback)
             share = self.on_unavailable.share
             if isinstance(op, (AcquireAll, Release, Renew)):
-                charges = tuple(dataclasses.replace(c, quota=share(c.quota)) for c in op.charges)
+                # (expect: the life of the store's key, which this log is not.)
+                charges = tuple(
+                    dataclasses.replace(c, quota=share(c.quota), expect=-1) for c in op.charges
+                )
                 local = cast(Op[T], dataclasses.replace(op, charges=charges))
             elif isinstance(op, Learn):  # this process's share of what the upstream allows
                 n = self.on_unavailable.expected_workers
@@ -193,6 +196,8 @@ class FailureGuard:
                         op, quota=share(op.quota), limit=op.limit // n, from_cum=-1
                     ),
                 )
+            elif isinstance(op, Acquire):
+                local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota), expect=-1))
             else:
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota)))
             if isinstance(local, (Acquire, AcquireAll)) and local.mark_us >= 0:

@@ -126,6 +126,7 @@ class Introduce(NamedTuple):
 
     namespace: str
     fingerprint: str
+    keep: bool  # False: only read the record (a read writes nothing)
 
 
 LimiterStep = Call | Sleep | ReadClock | AwaitGrant | Introduce

@@ -223,7 +223,8 @@ class _LimiterCore:
         self._warned_spread = threading.Event()
         self._rtt = 0.0  # the latest round trip to the store (seconds)
         self._lives = Lives()  # what this worker knows of its keys' lives in the store
-        self._introduced = False  # whether the namespace's record was asked (_introduce_flow)
+        # Whether the namespace's record was kept, or looked at (_introduce_flow).
+        self._introduced = self._looked = False
         # The margin widens every window and the gap in the slot arithmetic: requests
         # that leave up to ``margin`` after their slots still never crowd a window, nor
         # come closer than the gap, as the upstream counts them on arrival. With no gap
@@ -464,8 +465,8 @@ class _LimiterCore:
 
     def _charge(self, key: str, cost: int, now: float) -> Charge:
         store_key = self.store_key(key)
-        quota, expect = self._quota_at(now), self._lives.expect(store_key, self._store_time_us, now)
-        return Charge(store_key, quota, self._cost(cost), expect)
+        quota, known = self._quota_at(now), self._lives.expect(store_key, self._store_time_us, now)
+        return Charge(store_key, quota, self._cost(cost), *known)
 
     def _acquire_op(
         self,
@@ -482,6 +483,7 @@ class _LimiterCore:
         mark_us = self._margin_us if mark else -1
         if not also and not lease_id:
             store_key = self.store_key(key)
+            expect, seen = self._lives.expect(store_key, self._store_time_us, now)
             return Acquire(
                 key=store_key,
                 quota=self._quota_at(now),
@@ -493,7 +495,8 @@ class _LimiterCore:
                 mark_us=mark_us,
                 cards=self._cards_due(store_key, now),
                 history=self._history_of(store_key),
-                expect=self._lives.expect(store_key, self._store_time_us, now),
+                expect=expect,
+                seen=seen,
             )
         # A stacked call (also=), or a capped one (lease_id: the store keeps its lease
         # with its slot).
@@ -609,7 +612,8 @@ class _LimiterCore:
             # A store whose answers take a good part of the margin: a slot due now would
             # be answered too late to meet, and booked again. Ask for one that the answer
             # reaches in time (twice the round trip ahead) from the start.
-            op = dataclasses.replace(op, lead_us=round(2 * self._rtt * US))
+            # (No longer than the wait allowed: an idle key still answers within it.)
+            op = dataclasses.replace(op, lead_us=min(round(2 * self._rtt * US), max_wait_us))
         while True:
             usual_rtt = self._rtt  # (before this answer: its own round trip excuses nothing)
             try:
@@ -715,7 +719,8 @@ class _LimiterCore:
                     else:
                         clock = self._observe(from_store, asked, now, snap.now_us)
                         rtt = now - asked
-                        if recheck_pause and snap.pause_until_us > snap.now_us:
+                        # (A pause that ends by the slot is one the call was booked after.)
+                        if recheck_pause and snap.pause_until_us > verdict.slot_us:
                             log.debug("paused while it slept; queueing again")
                             op = self._rebook(
                                 op, max_wait_us, started, now, round(2 * rtt * US), also
@@ -790,14 +795,17 @@ class _LimiterCore:
         """What the store said of the call's keys' lives (see Lives), and whether it found
         one that had lost its history."""
         slot = verdict.slot_us if verdict.allowed else -1
+        told = zip(verdict.lives, verdict.totals, strict=True)
         if isinstance(op, Acquire):
-            self._lives.saw(op.key, verdict.lives[0], slot, op.quota.horizon_us)
+            life, total = next(told)
+            self._lives.saw(op.key, life, total, slot, op.quota.horizon_us)
         else:
             owners = self._with(also)
-            for owner, charge, life in zip(owners, op.charges, verdict.lives, strict=False):
-                owner._lives.saw(charge.key, life, slot, charge.quota.horizon_us)
+            for owner, charge, (life, total) in zip(owners, op.charges, told, strict=False):
+                owner._lives.saw(charge.key, life, total, slot, charge.quota.horizon_us)
         if verdict.lost:
-            self._lives.told_lost(self, op.key, verdict.pause_until_us - verdict.now_us)
+            keys = [op.key] if isinstance(op, Acquire) else [c.key for c in op.charges]
+            self._lives.told_lost(self, keys, verdict.pause_until_us - verdict.now_us)
 
     def _new_call_id(self) -> str:
         return _call_id()
@@ -931,16 +939,21 @@ class _LimiterCore:
         guard.succeeded()
         return result, True, now
 
-    def _introduce_flow(self, now: float) -> Flow[float]:
+    def _introduce_flow(self, now: float, *, keep: bool = True) -> Flow[float]:
         """Once per limiter: the namespace's record of its key secret (Backend.fingerprint).
         Workers that hash with different secrets (one set key_secret, or
         THROTTLE_CLIENT_KEY_SECRET, another not) give one token a log, and a quota, per
-        secret: said once. Asked while a call sleeps anyway, never in a call's way, and
-        nothing fails for it. Returns the local time after."""
-        self._introduced = True
+        secret: said once. Asked while a call sleeps anyway (``keep``: the record begins
+        with this limiter's if it holds none), or by a read (only looked at: a read
+        writes nothing), never in a call's way, and nothing fails for it. Returns the
+        local time after."""
+        if self._guard.store_resting(now):  # (a store just found down: not now)
+            return now
+        self._introduced = self._introduced or keep
+        self._looked = True
         ours = fingerprint(self._secret)
         try:
-            held, now = yield Introduce(self.namespace, ours)
+            held, now = yield Introduce(self.namespace, ours, keep)
         except Exception as exc:  # (an outage is met again by the operations themselves)
             log.debug("could not read the record of namespace %r: %s", self.namespace, exc)
             after: float = yield ReadClock()
@@ -1014,8 +1027,8 @@ class _LimiterCore:
         return min(bounds)
 
     def _usage_flow(self, store_key: str, now: float) -> Flow[Usage]:
-        if not self._introduced:  # (a read is never in a hurry: see _introduce_flow)
-            now = yield from self._introduce_flow(now)
+        if not self._looked:  # (a read is never in a hurry: see _introduce_flow)
+            now = yield from self._introduce_flow(now, keep=False)
         snap, _, _ = yield from self._ask_flow(self._inspect_op(store_key, now), now)
         # The stores repair or refuse a damaged key; whatever damage gets past them is
         # refused here rather than reported as units no key can have used.
@@ -1162,6 +1175,7 @@ class _LimiterCore:
     ) -> Acquire | AcquireAll:
         """``op`` asked again at ``now`` as a new call, with what is left of its wait."""
         left = max(0, max_wait_us - round((now - started) * US))
+        lead_us = min(lead_us, left)  # (the wait allowed bounds the lead too)
         again = dataclasses.replace(
             op, call_id=_call_id(), max_wait_us=left, now_us=self._at(now), lead_us=lead_us
         )
@@ -1171,14 +1185,14 @@ class _LimiterCore:
         """``op`` with what is known now of its keys' lives (Acquire.expect): an
         expectation made earlier may have outlived the bookings it stood for."""
         if isinstance(op, Acquire):
-            expect = self._lives.expect(op.key, self._store_time_us, now)
-            return dataclasses.replace(op, expect=expect)
+            expect, seen = self._lives.expect(op.key, self._store_time_us, now)
+            return dataclasses.replace(op, expect=expect, seen=seen)
         owners = self._with(also)
-        charges = tuple(
-            dataclasses.replace(c, expect=o._lives.expect(c.key, o._store_time_us, now))
-            for o, c in zip(owners, op.charges, strict=True)
-        )
-        return dataclasses.replace(op, charges=charges)
+        charges = []
+        for owner, charge in zip(owners, op.charges, strict=True):
+            expect, seen = owner._lives.expect(charge.key, owner._store_time_us, now)
+            charges.append(dataclasses.replace(charge, expect=expect, seen=seen))
+        return dataclasses.replace(op, charges=tuple(charges))
 
     def _late_by(
         self, clock: StoreClock, slot: float, now: float, rebook_if_unsure: bool, margin: float
@@ -1381,7 +1395,8 @@ class Limiter(_LimiterCore):
         if isinstance(step, Call):
             return self.backend.execute(step.op), self._local()
         if isinstance(step, Introduce):
-            return self.backend.fingerprint(step.namespace, step.fingerprint), self._local()
+            held = self.backend.fingerprint(step.namespace, step.fingerprint, step.keep)
+            return held, self._local()
         if isinstance(step, Sleep):
             self._sleep(step.seconds)
         elif isinstance(step, AwaitGrant):
@@ -1548,7 +1563,7 @@ class AsyncLimiter(_LimiterCore):
         if isinstance(step, Call):
             return await self.backend.aexecute(step.op), self._local()
         if isinstance(step, Introduce):
-            held = await self.backend.afingerprint(step.namespace, step.fingerprint)
+            held = await self.backend.afingerprint(step.namespace, step.fingerprint, step.keep)
             return held, self._local()
         if isinstance(step, Sleep):
             await self._sleep(step.seconds)

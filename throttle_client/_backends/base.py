@@ -118,6 +118,22 @@ class Quota:
             *(span(p) for _, p in self.limits), self.min_interval_us, 0 if exact else KEEP_IDS_US
         )
 
+    def counts_until(self, logged: int) -> int:
+        """Until when a call logged at ``logged`` may still count in a window: a sliding
+        rate's period after it (a bounded one's bucket more), a calendar rate's window that
+        counts it to its end (the longest window when it lies outside those given), the
+        gap: what a key that lost its calls up to then is held to (sliding_log)."""
+        ends = [logged + self.min_interval_us]
+        for _, period in self.limits:
+            if isinstance(period, Windows):
+                counting = [
+                    end for start, end in period.spans if start - period.margin_us <= logged < end
+                ]
+                ends.append(max(counting, default=logged + period.longest_us))
+            else:
+                ends.append(logged + span(period))
+        return max(ends)
+
     def keep_from(self, now: int) -> int:
         """The oldest slot of the log of calls that any decision from ``now`` on can
         count: older entries may go. (A sliding window ending at now holds the slots
@@ -184,9 +200,11 @@ class Verdict(NamedTuple):
     # that key's running totals began (a key forgotten and begun again counts from 0).
     mark: int = -1
     born: int = -1
-    # Each key's life, in the order of the call's keys: when its log began (a worker
-    # that sends it back as Acquire.expect learns if the store lost the key since).
+    # Each key's life, in the order of the call's keys: when its log began, and its running
+    # total after this call (a worker that sends them back as Acquire.expect and
+    # Acquire.seen learns if the store lost the key, or its latest calls, since).
     lives: tuple[int, ...] = ()
+    totals: tuple[int, ...] = ()
     # This call found a key of it that had lost its history, and held it (see Acquire).
     lost: bool = False
 
@@ -240,21 +258,24 @@ class Acquire(Op[Verdict]):
     cards: tuple[StoreCard, ...] = ()  # written with the decision, whatever it is
     history: tuple[HistorySpec, ...] = ()  # where a call it books is counted (history.py)
     # The key's life as this worker last saw it (Verdict.lives), while its own bookings
-    # must still be in the log; -1: none. A key begun afresh since (not at a reset, not
-    # rebuilt from its log) lost its recent history: the store holds it, as if every
-    # window had been full when it began again, until then + the horizon.
+    # must still be in the log; -1: none; and the running total it saw (Verdict.totals).
+    # A key begun afresh since (not at a reset, not rebuilt from its log) lost its
+    # history, one that counts fewer units lost its latest calls: the store holds it, as
+    # if every window had been full when it began again (or now), while they count.
     expect: int = -1
+    seen: int = -1
 
 
 @dataclass(frozen=True)
 class Charge:
     """One key of a stacked acquire: its store key, its quota, and the cost charged to it;
-    ``expect`` as :class:`Acquire`'s."""
+    ``expect`` and ``seen`` as :class:`Acquire`'s."""
 
     key: str
     quota: Quota
     cost: int
     expect: int = -1
+    seen: int = -1
 
 
 @dataclass(frozen=True)
@@ -458,7 +479,7 @@ class Fingerprint(Op[str]):
 
     key: str  # the namespace's record (namespace_record)
     fingerprint: str
-    ttl_us: int
+    ttl_us: int  # 0: only read the record
     now_us: int | None = None
 
 
@@ -545,11 +566,12 @@ class Backend(abc.ABC):
         nothing in it."""
         self.execute(_PING)
 
-    def fingerprint(self, namespace: str, value: str) -> str | None:
+    def fingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """Keep ``value``, the fingerprint of a limiter's key secret, as ``namespace``'s
-        record unless it holds one (:class:`Fingerprint`); answers the one it holds. None:
-        this store keeps no such record, and no limiter can learn that its workers hash
-        with different secrets."""
+        record unless it holds one (:class:`Fingerprint`); answers the one it holds (with
+        ``keep`` False, only answers: a read writes nothing). None: this store keeps no
+        such record, and no limiter can learn that its workers hash with different
+        secrets."""
         return None
 
     @functools.cached_property
@@ -606,7 +628,7 @@ class AsyncBackend(abc.ABC):
         """As :meth:`Backend.ping`."""
         await self.aexecute(_PING)
 
-    async def afingerprint(self, namespace: str, value: str) -> str | None:
+    async def afingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`."""
         return None
 
@@ -641,8 +663,8 @@ class InlineAsync(AsyncBackend):
     async def aexecute(self, op: Op[T]) -> T:
         return self.backend.execute(op)
 
-    async def afingerprint(self, namespace: str, value: str) -> str | None:
-        return self.backend.fingerprint(namespace, value)
+    async def afingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
+        return self.backend.fingerprint(namespace, value, keep)
 
     async def aclose(self) -> None:
         self.backend.close()
@@ -683,8 +705,8 @@ class ThreadedAsync(AsyncBackend):
         run = functools.partial(contextvars.copy_context().run, self.backend.execute, op)
         return await asyncio.get_running_loop().run_in_executor(pool, run)
 
-    async def afingerprint(self, namespace: str, value: str) -> str | None:
-        record = functools.partial(self.backend.fingerprint, namespace, value)
+    async def afingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
+        record = functools.partial(self.backend.fingerprint, namespace, value, keep)
         return await asyncio.get_running_loop().run_in_executor(self._pool(False), record)
 
     def shutdown(self) -> None:

@@ -161,7 +161,7 @@ def acquire(
     """A capped :class:`AcquireAll`: ``views[i]`` is the lease view of charge i (None if
     uncapped). ``granted`` collects the leases this step granted to other waiters."""
     lease = op.lease_id
-    lives, lost = sliding_log.hold_lost(logs, op.charges)  # (before the caps: a hold is a pause)
+    lost = sliding_log.hold_lost(logs, op.charges, now)  # (before the caps: a hold is a pause)
     pairs = [(view, charge) for view, charge in zip(views, op.charges, strict=True) if view]
     for view, charge in pairs:
         settle(view, charge, now, granted)
@@ -172,7 +172,8 @@ def acquire(
         and not (view.holding() < charge.quota.max_concurrent and view.head(now) in (None, lease))
     }
     if not full:
-        verdict = sliding_log.acquire_all(logs, op, now)._replace(lost=lost)
+        verdict = sliding_log.acquire_all(logs, op, now)
+        verdict = verdict._replace(lost=verdict.lost or lost)
         if verdict.allowed:
             # Held through the sleep to its slot too: renewals begin once the call goes.
             start = max(verdict.slot_us, now)
@@ -188,7 +189,7 @@ def acquire(
     pause = max(log.pause_until for log in logs)
     remaining = sliding_log.remaining_all(logs, op.charges, now)
     if op.max_wait_us == 0:  # try: refused, and nothing of it is written
-        return Verdict(False, now, hint, pause, remaining, full=True, lives=lives, lost=lost)
+        return sliding_log.told(Verdict(False, now, hint, pause, remaining, full=True), logs, lost)
     number = 1 + max(view.newest_ticket() for view, _ in pairs)
     for view, charge in pairs:
         alive = now + charge.quota.lease_ttl_us
@@ -200,18 +201,8 @@ def acquire(
         else:
             view.enqueue(lease, number, alive)
     head = all(view.head(now) == lease for view in blocked)
-    return Verdict(
-        False,
-        now,
-        hint,
-        pause,
-        remaining,
-        waiting=True,
-        head=head,
-        full=True,
-        lives=lives,
-        lost=lost,
-    )
+    verdict = Verdict(False, now, hint, pause, remaining, waiting=True, head=head, full=True)
+    return sliding_log.told(verdict, logs, lost)
 
 
 def release(views: Sequence[LeaseView], op: Release, now: int, granted: list[str]) -> None:

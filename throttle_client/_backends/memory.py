@@ -335,7 +335,7 @@ class MemoryBackend(Backend):
         record = self._pushback.get(op.key, ("", 0, {}))
         self._pushback[op.key] = pushed_back(record, op, pause_until, now)
 
-    def fingerprint(self, namespace: str, value: str) -> str | None:
+    def fingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`: by the host's clock (a record lasts a month),
         apart from the keys' operations, whose clock may be a test's."""
         now = int(time.time() * 1_000_000)
@@ -343,7 +343,9 @@ class MemoryBackend(Backend):
             told, expires = self._records.get(namespace, (value, 0))
             if expires <= now:
                 told = value
-            if told == value:
+            if expires <= now and not keep:
+                return None
+            if told == value and keep:
                 self._records[namespace] = (told, now + RECORD_TTL_US)
         return told
 

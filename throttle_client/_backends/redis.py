@@ -192,7 +192,7 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     if isinstance(op, ReadHistory):
         return (history_key(op.key),), (b"history_read",)
     if isinstance(op, Fingerprint):
-        ttl_ms = b"%d" % max(1, op.ttl_us // 1000)
+        ttl_ms = b"%d" % (op.ttl_us // 1000)
         return (f"tc:{op.key}".encode(),), (b"fingerprint", b"-", now, op.fingerprint, ttl_ms)
     if isinstance(op, (Release, Renew)):
         capped = [c for c in op.charges if c.quota.max_concurrent]
@@ -207,7 +207,7 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
         for c in op.charges:
             holds = leased and bool(c.quota.max_concurrent)
             keys += redis_keys(c.key) + (lease_keys(c.key) if holds else ())
-            per_key += (quota_arg(c.quota), b"%d" % c.cost, b"%d" % c.expect)
+            per_key += (quota_arg(c.quota), b"%d" % c.cost, _expected(c.expect, c.seen))
             per_key += _cap_args(c.quota) if leased else ()
         wait, lead = _wait(op.max_wait_us, queued_us), b"%d" % op.lead_us
         marks = b"-" if op.mark_us < 0 else b"%d" % op.mark_us
@@ -219,7 +219,11 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
         if op.history or op.mark_us >= 0 or op.expect >= 0:
-            lead, marks, expect = b"%d" % op.lead_us, b"%d" % op.mark_us, b"%d" % op.expect
+            lead, marks, expect = (
+                b"%d" % op.lead_us,
+                b"%d" % op.mark_us,
+                _expected(op.expect, op.seen),
+            )
             args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks, expect)
             if op.history:  # its usage history in its own arguments (no item: _declared)
                 return (*keys, history_key(op.key)), args + _history_args(op.history[0])
@@ -242,6 +246,11 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     return keys, (b"inspect", quota, now)
 
 
+def _expected(born: int, seen: int) -> bytes:
+    """A key's life as a worker knows it (Acquire.expect, Acquire.seen): "born,total"."""
+    return b"-1" if born < 0 else b"%d,%d" % (born, max(0, seen))
+
+
 def _cap_args(quota: Quota) -> tuple[bytes, bytes]:
     return b"%d" % quota.max_concurrent, b"%d" % quota.lease_ttl_us
 
@@ -262,8 +271,8 @@ _REPAIRED: dict[bytes | str, str] = {
 
 def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     words = reply.split()
-    if isinstance(op, Fingerprint):
-        return cast(T, _text(reply))
+    if isinstance(op, Fingerprint):  # ("": a read found no record)
+        return cast(T, _text(reply) or None)
     if isinstance(op, ReadHistory):  # "field count field count ...": no number is lost
         pairs = zip(words[::2], words[1::2], strict=True)
         return cast(T, {_text(name): int(n) for name, n in pairs})
@@ -293,8 +302,8 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
         keys = len(op.charges) if isinstance(op, AcquireAll) else 1
-        lives = tuple(remaining[-keys:])  # each key's life ends the answer
-        del remaining[-keys:]
+        ends = remaining[-2 * keys :]  # each key's life and total end the answer
+        del remaining[-2 * keys :]
         mark = born = -1
         if allowed == 1 and op.mark_us >= 0:  # MARK BORN follow
             born, mark = remaining.pop(), remaining.pop()
@@ -310,7 +319,8 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
             full,
             mark=mark,
             born=born,
-            lives=lives,
+            lives=tuple(ends[0::2]),
+            totals=tuple(ends[1::2]),
             lost=lost,
         )
         return cast(T, verdict)
@@ -711,9 +721,9 @@ class RedisBackend(Backend):
         except DRIVER_ERRORS as exc:
             raise translate(exc) from exc
 
-    def fingerprint(self, namespace: str, value: str) -> str | None:
+    def fingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`."""
-        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US if keep else 0)
         return run(self._batcher.flow(op), self._perform)
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
@@ -853,9 +863,9 @@ class AsyncRedisBackend(AsyncBackend):
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
 
-    async def afingerprint(self, namespace: str, value: str) -> str | None:
+    async def afingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`."""
-        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US if keep else 0)
         return await self.aexecute(op)
 
     def check_together(self, store_keys: list[str]) -> None:

@@ -401,37 +401,55 @@ def remaining_at(log: LogView, quota: Quota, point: int) -> tuple[int, ...]:
 LIFE_AFRESH, LIFE_RESET, LIFE_HELD, LIFE_REBUILT = 0, 1, 2, 3
 
 
-def lost_history(log: LogView, quota: Quota, expect: int) -> bool:
-    """A store that lost a key's recent history (a restored snapshot, a file replaced)
-    holds it as a new key, and calls there would get a second quota. A worker that
-    booked on the key within its horizon says which life of it it knows (``expect``); a
-    key begun afresh since lost its history, and is held, once per life, as if every
-    window had been full when it began again: no slot before then + the horizon. True
-    if this call held it (the Lua script's ``lost_history``)."""
-    if expect < 0 or log.born == expect or log.life != LIFE_AFRESH:
+def lost_history(log: LogView, quota: Quota, expect: int, seen: int, now: int) -> bool:
+    """A store that lost a key's recent history (a file replaced, or restored from an
+    older copy) would give its calls a second quota. A worker that booked on the key
+    within its horizon says which life of it it knows (``expect``) and the running total
+    it saw (``seen``). A key begun afresh since (not at a reset, not rebuilt from its
+    log) lost its history: it is held as if every window had been full when it began
+    again. One of that life that counts fewer units lost its latest calls: held as if
+    full now. Once per life. True if this call held it (the Lua script's
+    ``lost_history``)."""
+    if expect < 0 or log.life == LIFE_HELD:
         return False
-    held = log.born + quota.horizon_us
+    if log.born != expect:
+        if log.life != LIFE_AFRESH:
+            return False
+        held = quota.counts_until(log.born)
+    elif seen > log.total:
+        held = quota.counts_until(now)
+    else:
+        return False
     if held > log.pause_until:
         log.set_pause(held)
+        log.expire_at(max(held, log.last or 0) + quota.horizon_us)  # (the hold is kept)
     log.set_life(LIFE_HELD)
     return True
 
 
-def hold_lost(logs: Sequence[LogView], charges: Sequence[Charge]) -> tuple[tuple[int, ...], bool]:
-    """:func:`lost_history` for each key of a call: the keys' lives, and whether any was
-    held by this call."""
-    held = [lost_history(log, c.quota, c.expect) for log, c in zip(logs, charges, strict=True)]
-    return tuple(log.born for log in logs), any(held)
+def hold_lost(logs: Sequence[LogView], charges: Sequence[Charge], now: int) -> bool:
+    """:func:`lost_history` for each key of a call: whether any was held by this call."""
+    held = [
+        lost_history(log, c.quota, c.expect, c.seen, now)
+        for log, c in zip(logs, charges, strict=True)
+    ]
+    return any(held)
+
+
+def told(verdict: Verdict, logs: Sequence[LogView], lost: bool) -> Verdict:
+    """``verdict`` with what every answer to an acquire ends with: each key's life and
+    running total, and whether the call held a key that lost its history."""
+    lives = tuple(log.born for log in logs)
+    return verdict._replace(lives=lives, totals=tuple(log.total for log in logs), lost=lost)
 
 
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
-    lost = lost_history(log, op.quota, op.expect)
-    lives = (log.born,)
+    lost = lost_history(log, op.quota, op.expect, op.seen, now)
     booked = log.slot_of(op.call_id)
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
         # (Not marked: entries before it may be trimmed since it was booked.)
         remaining = remaining_at(log, op.quota, booked)
-        return Verdict(True, now, booked, log.pause_until, remaining, lives=lives, lost=lost)
+        return told(Verdict(True, now, booked, log.pause_until, remaining), [log], lost)
     try:
         slot = earliest_slot(log, op.quota, now, op.cost)
         if now + op.lead_us > slot:  # a slot the lead moves on must fit the windows there too
@@ -441,32 +459,25 @@ def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
         # Refused: nothing is written, so a refusal leaves no trace.
         remaining = remaining_at(log, op.quota, now)
-        return Verdict(False, now, slot, log.pause_until, remaining, lives=lives, lost=lost)
+        return told(Verdict(False, now, slot, log.pause_until, remaining), [log], lost)
     marked = mark(log, op, slot)  # before this call's own entry
     book(log, op.quota, slot, op.cost, op.call_id, now)
-    return Verdict(
-        True,
-        now,
-        slot,
-        log.pause_until,
-        remaining_at(log, op.quota, slot),
-        mark=marked,
-        born=log.born if marked >= 0 else -1,
-        lives=lives,
-        lost=lost,
-    )
+    remaining = remaining_at(log, op.quota, slot)
+    born = log.born if marked >= 0 else -1
+    verdict = Verdict(True, now, slot, log.pause_until, remaining, mark=marked, born=born)
+    return told(verdict, [log], lost)
 
 
 def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     """:class:`AcquireAll` over the logs of its charges, in order."""
     charges = op.charges
     pairs = list(zip(logs, charges, strict=True))
-    lives, lost = hold_lost(logs, charges)
+    lost = hold_lost(logs, charges, now)
     pause_until = max(log.pause_until for log in logs)
     booked = logs[0].slot_of(op.call_id)
     if booked is not None:  # the same call again: it holds its slot in every log (unmarked)
         remaining = remaining_all(logs, charges, booked)
-        return Verdict(True, now, booked, pause_until, remaining, lives=lives, lost=lost)
+        return told(Verdict(True, now, booked, pause_until, remaining), logs, lost)
     # Past a log's newest slot a window only loses entries as time goes on: the latest
     # of the keys' earliest slots is the earliest that suits them all, once it also fits
     # every key's calendar windows (which may move it on: so round again until it stays).
@@ -479,17 +490,15 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     except Stale as stale:
         return Verdict(False, now, stale.at, pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
-        return Verdict(
-            False, now, slot, pause_until, remaining_all(logs, charges, now), lives=lives, lost=lost
-        )
+        remaining = remaining_all(logs, charges, now)
+        return told(Verdict(False, now, slot, pause_until, remaining), logs, lost)
     marked = mark(logs[0], op, slot)  # before this call's own entry
     for log, charge in pairs:
         book(log, charge.quota, slot, charge.cost, op.call_id, now)
     remaining = remaining_all(logs, charges, slot)
     born = logs[0].born if marked >= 0 else -1
-    return Verdict(
-        True, now, slot, pause_until, remaining, mark=marked, born=born, lives=lives, lost=lost
-    )
+    verdict = Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
+    return told(verdict, logs, lost)
 
 
 def remaining_all(

@@ -326,7 +326,7 @@ class _SQLiteLog:
                 self.lost = "meta"
         elif not _readable(row):
             self.lost, self.unreadable = "meta", True
-        elif not 0 < row[4] + KEPT_US <= now:
+        elif not 0 < row[4] <= now - KEPT_US:  # (0: no time to go yet, so not gone)
             self.last, self.total, self.base, self.pause_until, self.expires_at = row[:5]
             if all(type(n) is int for n in row[7:11]):
                 self.learned = row[7:11]
@@ -990,9 +990,9 @@ class SQLiteBackend(Backend):
         """As :attr:`Backend.doorbell`; it also hears of grants made by other processes."""
         return SQLiteDoorbell(self.path)
 
-    def fingerprint(self, namespace: str, value: str) -> str | None:
+    def fingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`."""
-        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US)
+        op = Fingerprint(namespace_record(namespace), value, RECORD_TTL_US if keep else 0)
         conn = self._connection()
         try:
             with self._writer_lock(), _transaction(conn.db, "BEGIN IMMEDIATE"):
@@ -1093,10 +1093,12 @@ def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
     return SQLiteBackend(path, busy_timeout=busy_timeout)
 
 
-def _fingerprint(db: sqlite3.Connection, op: Fingerprint, now: int) -> str:
+def _fingerprint(db: sqlite3.Connection, op: Fingerprint, now: int) -> str | None:
     """A namespace's record (base.Fingerprint): the fingerprint it holds, kept if it is
-    ``op``'s, begun with ``op``'s if it holds none."""
+    ``op``'s, begun with ``op``'s if it holds none (``ttl_us`` 0: only read)."""
     row = db.execute(_RECORD, (op.key, now)).fetchone()
+    if not op.ttl_us:
+        return None if row is None else str(row[0])
     held: str = op.fingerprint if row is None else row[0]
     if held == op.fingerprint:
         db.execute(_KEEP_RECORD, (op.key, held, now + op.ttl_us))

@@ -38,7 +38,8 @@
 -- ARGV[3] now in µs, or "-" to use the server's TIME (only tests pass a time)
 -- then    acquire: cost, max wait µs (-1 = any), call id, lead µs (no slot before
 --         now + lead; optional, 0), mark (optional, -1: see Acquire.mark_us), expect
---         (optional, -1: the key's life the worker knows, see lost_history);  pause:
+--         (optional, -1: "born,total" of the key as the worker knows it, see
+--         lost_history);  pause:
 --         duration µs;  learn: since, until, limit, from (-1: read from the log)
 -- acquire_all (one call charged to several keys, all or nothing): KEYS are L, M pairs,
 --         one per key, all in one hash slot; ARGV[2] "-" or the mark (Acquire.mark_us,
@@ -47,10 +48,11 @@
 --         latest of their earliest slots, booked in every L under one call id, or nowhere.
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
---   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK BORN] LIFE...  (acquire_all:
---   each key's rates in turn, PAUSE the latest; MARK BORN: an admitted call that asked for
---   it; LIFE: each key's born, the last word; led by "lost" when this call found a key
---   that lost its history and held it: see lost_history)
+--   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK BORN] (LIFE TOTAL)...
+--   (acquire_all: each key's rates in turn, PAUSE the latest; MARK BORN: an admitted call
+--   that asked for it; LIFE TOTAL: each key's born and running total, the last words; led
+--   by "lost" when this call found a key that lost its history and held it: see
+--   lost_history)
 --   inspect: NOW NEXT PAUSE BOOKED (USED READY)...
 --   pause: PAUSE NOW   reset, learn: 1   (inspect: IN_FLIGHT WAITING, 0 0 uncapped, and a
 --   learned limit's LIMIT UNITS UNTIL, -1 -1 -1 for none, follow BOOKED;
@@ -446,16 +448,48 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   return k
 end
 
+-- Until when a call logged at `from` may still count in a window of quota q: a sliding
+-- rate's period after it (a bounded one's bucket more), a calendar rate's window that
+-- counts it to its end (the longest window, when it lies outside those given), the gap.
+local function counts_until(q, from)
+  local last = from + q.gap
+  for i = 1, q.nrates do
+    local w, ends = q.windows[i], nil
+    if w then
+      for j = 1, #w.starts do
+        if w.starts[j] - w.margin <= from and from < w.ends[j] then ends = w.ends[j] end
+      end
+      ends = ends or from + w.longest
+    else
+      ends = from + q.periods[i] + (q.widths[i] or 0)
+    end
+    if ends > last then last = ends end
+  end
+  return last
+end
+
 -- A store that lost a key's recent history (restarted without persistence, failed over
--- to a replica that lagged, restored from an older snapshot) holds it as a new key, and
--- its calls there would get a second quota. A worker that booked on the key within its
--- horizon says which life of it it knows (`expect`: the `born` it was answered); a key
--- begun afresh since (not at a reset, not rebuilt from its log: `life` 0) lost its
--- history. It is held, once per life, as if every window had been full when it began
--- again: no slot before then + the horizon. True if it was held by this call.
+-- to a replica that lagged, restored from an older copy) would give its calls a second
+-- quota. A worker that booked on the key within its horizon says which life of it it
+-- knows and the running total it saw (`expect`: "born,total"). A key begun afresh since
+-- (not at a reset, not rebuilt from its log: `life` 0) lost its history: it is held as if
+-- every window had been full when it began again. One of that life that counts fewer
+-- units than the worker saw lost its latest calls: held as if full now. Once per life
+-- (`life` 2). True if it was held by this call.
 local function lost_history(k, expect)
-  if not expect or expect < 0 or k.born == expect or k.life ~= 0 then return false end
-  local held = k.born + k.q.horizon
+  if not expect or k.life == 2 then return false end
+  local born, seen = string.match(expect, '^(%d+),(%d+)$')
+  if not born then return false end
+  local from
+  if tonumber(born) ~= k.born then
+    if k.life ~= 0 then return false end
+    from = k.born
+  elseif tonumber(seen) > k.total then
+    from = now
+  else
+    return false
+  end
+  local held = counts_until(k.q, from)
   if held > k.pause then k.pause = held end
   k.life = 2
   save(k, math.max(k.pause, k.last) + k.q.horizon, false)
@@ -946,11 +980,12 @@ local function run_one(keys, argv)
   end
   if op == 'fingerprint' then
     -- A namespace's record (base.Fingerprint; keys: R; argv: fingerprint, -, now, the
-    -- fingerprint, a TTL in ms): the one it holds, kept if it is the caller's, begun
-    -- with it if it holds none.
-    local ttl = whole(argv[5], 1)
+    -- fingerprint, a TTL in ms, 0 to only read it): the one it holds ("" for none), kept
+    -- if it is the caller's, begun with it if it holds none.
+    local ttl = whole(argv[5], 0)
     if #keys ~= 1 or type(argv[4]) ~= 'string' or not ttl then return fail('bad fingerprint') end
     local held = redis.call('GET', keys[1])
+    if ttl == 0 then return held or '' end
     if not held or held == argv[4] then
       redis.call('SET', keys[1], argv[4], 'PX', format('%d', ttl))
       return argv[4]
@@ -975,7 +1010,10 @@ local function run_one(keys, argv)
     -- The card it replaces, when that one said otherwise: workers that disagree about the
     -- key's rules (the client compares them).
     local before = redis.call('SET', keys[2], argv[4], 'PX', format('%d', ttl), 'GET')
-    if before and before ~= argv[4] then return before end
+    -- (Not a damaged one that holds a line break: a batch's answer is one line per item.)
+    if before and before ~= argv[4] and not string.find(before, '\n', 1, true) then
+      return before
+    end
     return '1'
   end
 
@@ -1032,10 +1070,9 @@ local function run_one(keys, argv)
       local arg = first_arg + per * (i - 1)
       local q, problem = read_quota(argv[arg])
       if not q then return fail(problem .. ' for key #' .. i) end
-      local cost, expect = whole(argv[arg + 1], 1), whole(argv[arg + 2], -1)
+      local cost = whole(argv[arg + 1], 1)
       if not cost then return fail('bad cost for key #' .. i) end
-      if not expect then return fail('bad life for key #' .. i) end
-      expects[i] = expect
+      expects[i] = argv[arg + 2]
       problem = check_cost(q, cost)
       if problem then return fail(problem .. ' for key #' .. i) end
       quotas[i], costs[i] = q, cost
@@ -1066,8 +1103,8 @@ local function run_one(keys, argv)
       for i = 1, n do remaining_at(keys[i], point, out) end
       return out
     end
-    local function answer(out) -- every answer ends with each key's life (born), in order
-      for i = 1, n do out[#out + 1] = keys[i].born end
+    local function answer(out) -- every answer ends with each key's life and total, in order
+      for i = 1, n do out[#out + 1] = keys[i].born; out[#out + 1] = keys[i].total end
       return reply(out, lost and 'lost ' or nil)
     end
     local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
@@ -1169,23 +1206,25 @@ local function run_one(keys, argv)
   if not k then return fail(problem) end
 
   if op == 'acquire' then
-    -- A third key: its usage history, in argv[10..14] (lead, mark, expect are then given).
+    -- A third key: its usage history, in argv[10..14] (lead, mark, expect are then given);
+    -- expect is "born,total" (see lost_history), or -1.
     if keys[3] and not declare_history(keys[2], keys[3], argv, 10) then
       return fail('bad history')
     end
     local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
     local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
-    local expect = whole(argv[9] or -1, -1)
+    local expect = argv[9]
     if not cost then return fail('bad cost ' .. tostring(argv[4])) end
     if not max_wait then return fail('bad max wait') end
-    if not lead or not mark_us or not expect then return fail('bad lead') end
+    if not lead or not mark_us then return fail('bad lead') end
     if not id or id == '' then return fail('missing call id') end
     problem = check_cost(q, cost)
     if problem then return fail(problem) end
     local lost = lost_history(k, expect)
 
-    local function answer(out) -- every answer ends with the key's life (born)
+    local function answer(out) -- every answer ends with the key's life (born) and total
       out[#out + 1] = k.born
+      out[#out + 1] = k.total
       return reply(out, lost and 'lost ' or nil)
     end
     local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
