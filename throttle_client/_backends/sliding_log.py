@@ -593,8 +593,9 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
         # What a reset leaves is a key begun again at the reset, no older than the one
         # forgotten: a worker that knew that one does not take it for a store that lost
         # it (lost_history).
+        forgotten = log.born  # (the new life begins after it: never the same, see Lives)
         log.delete()
-        log.begin(now, LIFE_RESET)
+        log.begin(max(now, forgotten + 1), LIFE_RESET)
         return cast(T, None)
     raise TypeError(f"unknown operation {op!r}")
 

@@ -966,9 +966,16 @@ local function run_one(keys, argv)
     local others = {}
     for i, name in ipairs(keys) do if i ~= 2 then others[#others + 1] = name end end
     redis.call('DEL', unpack(others))
-    local begun = fresh_key(keys[1], keys[2], nil)
-    begun.life = 1
-    redis.call('SET', keys[2], pack_meta(begun), 'XX', 'KEEPTTL')
+    -- Its life begins now, and after the one forgotten: never the same (a worker that
+    -- knew that one would take a reset in the same µs for calls lost).
+    local state = redis.call('GET', keys[2])
+    if state then
+      local begun = fresh_key(keys[1], keys[2], nil)
+      local ok, _, _, _, _, _, _, _, _, _, _, _, born = pcall(cmsgpack.unpack, state)
+      if ok and type(born) == 'number' and born >= now then begun.born = born + 1 end
+      begun.life = 1
+      redis.call('SET', keys[2], pack_meta(begun), 'KEEPTTL')
+    end
     return '1'
   end
 
