@@ -28,6 +28,9 @@ import pytest
 from tests import arrivals_harness as harness
 from throttle_client._limiter import DEFAULT_MARGIN
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 MIN_USE = 0.95
 
 

@@ -24,6 +24,9 @@ from tests.inflight_upstream import InflightUpstream
 from tests.workers import start_together
 from throttle_client import Limiter, RedisBackend, RetryPolicy, ThrottledClient, ThrottleTimeout
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 WORKERS = 8
 DURATION = 3.0  # seconds of demand
 # Seconds the upstream takes over each request: an API call's, not a ping's. Each hand-off

@@ -55,6 +55,7 @@ def check_demo_summary(summary: dict[str, Any]) -> None:
 DEMO_ARGS = ("--duration", "5", "--json")
 
 
+@pytest.mark.slow
 def test_demo_on_sqlite() -> None:
     result = cli("demo", *DEMO_ARGS)
     assert result.returncode == 0, result.stderr
@@ -63,6 +64,7 @@ def test_demo_on_sqlite() -> None:
     check_demo_summary(summary)
 
 
+@pytest.mark.slow
 def test_demo_on_redis(redis_url: str) -> None:
     result = cli("demo", *DEMO_ARGS, "--redis", redis_url, "--workers", "3", "--tokens", "3")
     assert result.returncode == 0, result.stderr

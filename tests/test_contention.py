@@ -49,14 +49,15 @@ US = 1_000_000
 # One entry per store: the fixture that gives its URL, whether it is a Redis Cluster,
 # and the costs calls draw from (a new store is one entry here and one branch in
 # contention_worker.make_backend).
+# (The default tier runs one of each kind of store; the second tier, -m slow, the rest.)
+SLOW_CLUSTER = [pytest.mark.cluster, pytest.mark.slow]
 VARIANTS = [
     pytest.param("sqlite_url", False, (1,), id="sqlite"),
-    pytest.param("sqlite_url", False, (1, 1, 2, 3), id="sqlite-weighted"),
-    pytest.param("redis_url", False, (1,), id="redis"),
-    pytest.param("cluster_url", True, (1,), id="cluster", marks=pytest.mark.cluster),
-    pytest.param(
-        "cluster_url", True, (1, 1, 2, 3), id="cluster-weighted", marks=pytest.mark.cluster
-    ),
+    pytest.param("sqlite_url", False, (1, 1, 2, 3), id="sqlite-weighted", marks=pytest.mark.slow),
+    pytest.param("redis_url", False, (1, 1, 2, 3), id="redis-weighted"),
+    pytest.param("redis_url", False, (1,), id="redis", marks=pytest.mark.slow),
+    pytest.param("cluster_url", True, (1,), id="cluster", marks=SLOW_CLUSTER),
+    pytest.param("cluster_url", True, (1, 1, 2, 3), id="cluster-weighted", marks=SLOW_CLUSTER),
 ]
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 EXPECTED = {

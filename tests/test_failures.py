@@ -153,6 +153,7 @@ def test_local_fallback_keeps_the_fleet_within_the_quota(own_redis: RedisServer)
         assert all(b - a >= 0.04 - 1e-6 for a, b in itertools.pairwise(times))
 
 
+@pytest.mark.slow
 def test_kill_9_under_load_then_every_worker_recovers(own_redis: RedisServer) -> None:
     """Several processes work through a kill -9 and a restart on the same port."""
     context = multiprocessing.get_context("spawn")
@@ -247,6 +248,7 @@ def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
     cluster = started(RedisClusterServers(masters=3, replicas=1, node_timeout_ms=1000))
     backend = RedisBackend(cluster.url, cluster=True)

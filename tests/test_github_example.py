@@ -17,6 +17,9 @@ import pytest
 from throttle_client import MemoryBackend, RedisBackend
 from throttle_client._limiter import DEFAULT_MARGIN
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "github_limits.py"
 
 

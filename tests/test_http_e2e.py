@@ -10,11 +10,16 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
+import pytest
+
 from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 from throttle_client._limiter import DEFAULT_MARGIN
 from throttle_client.cli.upstream import StrictUpstream
 
 from .workers import start_together
+
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
 
 WORKERS = 8
 RATE = Rate(10, 1)  # per token, sliding

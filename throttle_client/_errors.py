@@ -16,17 +16,20 @@ class ThrottleError(Exception):
 
 
 class ThrottleTimeout(ThrottleError):
-    """The earliest slot lies further away than ``timeout``; nothing was recorded.
+    """The earliest slot lies further away than ``timeout``; nothing was recorded but
+    the slots ``late_wakeups`` counts.
 
     ``retry_after`` is the number of seconds after which the same call would have
-    been admitted at the moment it was refused.
+    been admitted at the moment it was refused. ``late_wakeups``: slots the call booked
+    and left unused: each one it woke too late for, and one the store found within the
+    timeout that the call could only reach past it (a slow first connection).
     """
 
     def __init__(
         self, retry_after: float, message: str | None = None, *, late_wakeups: int = 0
     ) -> None:
         self.retry_after = retry_after
-        self.late_wakeups = late_wakeups  # slots booked before, woken too late for, unused
+        self.late_wakeups = late_wakeups  # slots it booked and left unused
         super().__init__(message or f"no slot within the timeout; retry after {retry_after:.3f}s")
 
 

@@ -685,10 +685,11 @@ class _LimiterCore:
                 # The store found a slot within the wait it was told of, but the call got
                 # there late (a connection to open, the script to load, retries): counted
                 # from the caller's start, it would wait past its timeout. The slot stays
-                # booked, unused: under-use, never a wait the caller did not allow.
+                # booked, unused (counted with the late wake-ups' slots): under-use, never a
+                # wait the caller did not allow.
                 if self._listeners:
                     self._emit(TIMED_OUT, op.key, cost=cost, retry_after=max(0.0, wake - now))
-                raise ThrottleTimeout(max(0.0, wake - now), late_wakeups=late_wakeups)
+                raise ThrottleTimeout(max(0.0, wake - now), late_wakeups=late_wakeups + 1)
             answered_late = wake - now < 5e-7  # no sleep ahead (less is float rounding)
             if not answered_late:
                 # A look at the key before the slot: for a pause another worker set while
