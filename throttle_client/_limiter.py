@@ -765,7 +765,7 @@ class _LimiterCore:
             late = self._late_by(clock, slot, now, rebook_if_unsure, margin) if margin else 0.0
             if late <= margin:
                 if self._listeners:
-                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
@@ -779,7 +779,7 @@ class _LimiterCore:
                 # goes, and the operator is told once what to change.
                 self._warn_slow(late, rtt, margin)
                 if self._listeners:
-                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
