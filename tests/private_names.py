@@ -32,7 +32,7 @@ import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPORT_ENV = "PRIVATE_NAMES_REPORT"
 found: list[str] = []
@@ -110,7 +110,7 @@ def _guard_class(cls: type, undo: list[Callable[[], None]]) -> None:
         return  # a subclass of a guarded class, with no __getattribute__ of its own
     had = "__getattribute__" in vars(cls)
     before = vars(cls).get("__getattribute__")
-    inherited = cls.__getattribute__
+    inherited = cast(Callable[[object, str], Any], cls.__getattribute__)
 
     def __getattribute__(self: object, name: str) -> Any:
         if name[:1] == "_" and name[:2] != "__":
