@@ -1,4 +1,4 @@
-"""Events: what a limiter tells those who listen (issue 12).
+"""Events: what a limiter tells those who listen.
 
 A listener is a plain callable of one :class:`Event`, added with ``limiter.listen(fn)``
 (which returns the function that removes it). Events are made only while someone

@@ -1,4 +1,4 @@
-"""A picture of a quota (issue 12): per key and rate, the requests in the rate's sliding
+"""A picture of a quota: per key and rate, the requests in the rate's sliding
 window over time, by arrival (as the upstream counts them) and by slot (as the limiter
 booked them), against the limit; pauses shaded. Needs matplotlib (the ``plot`` extra)::
 
