@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,10 @@ import pytest
 
 import throttle_client
 
+from . import private_names
+
 CLI = Path(throttle_client.__file__).resolve().parent / "cli"
-# Private library names the command's package may import, each with its reason. None.
-JUSTIFIED: set[str] = set()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def loaded_after(statement: str, *, without_rich: bool = False) -> list[str]:
@@ -72,30 +74,110 @@ def imports(path: Path) -> list[tuple[str, str | None]]:
     return found
 
 
-def private_imports(path: Path) -> list[str]:
-    """What ``path`` imports from the library that is not in ``throttle_client.__all__``
-    or a public module (the command's own package aside)."""
-    private = []
-    for module, name in imports(path):
-        if module.split(".")[0] != "throttle_client" or module.startswith("throttle_client.cli"):
-            continue
-        dotted = f"{module}.{name}" if name else module
-        outside_all = module == "throttle_client" and name not in throttle_client.__all__
-        if outside_all or any(part.startswith("_") for part in dotted.split(".")[1:]):
-            private.append(dotted)
-    return private
+# -- only public names, as it runs ----------------------------------------------------------
+
+TOKEN = "ghp_guarded_token_0b7e"
+
+# Every subcommand, on a store that holds a key with a card, a label, slots used and
+# booked ahead, a pause and a history (so that status, top and history have each thing
+# to show); the exit statuses, as the last line.
+EVERY_SUBCOMMAND = f"""
+import json, sys
+from throttle_client import Limiter, SQLiteBackend
+from throttle_client.cli.command import main
+
+store, picture = sys.argv[1:]
+with SQLiteBackend(store) as backend:
+    limiter = Limiter(backend, rates=["3/second", "50/minute"], namespace="guarded",
+                      history=True, label=lambda key: "account 7", sleep=lambda s: None)
+    for _ in range(4):
+        limiter.acquire({TOKEN!r})
+    limiter.pause({TOKEN!r}, 30)
+stored = ["--sqlite", store]
+keys = [*stored, "--namespace", "guarded", {TOKEN!r}]
+runs = [
+    ["demo", "--duration", "1", "--workers", "2", "--tokens", "1", "--json", "--plot", picture],
+    ["status", *keys], ["status", "--json", *keys],
+    ["top", "--iterations", "1", *stored], ["top", "--json", *stored],
+    ["history", *keys], ["history", "--json", *keys],
+    ["reset", *keys],
+]
+print(json.dumps([main(args) for args in runs]))
+"""
 
 
-MODULES = sorted(CLI.glob("*.py"))
+def test_the_command_touches_no_private_name_of_the_library(tmp_path: Path) -> None:
+    """Every subcommand runs with the guard of ``tests/private_names.py`` in every process
+    (the demo's crawlers too, through a ``sitecustomize``): a private name of the library
+    that the command reads, imports or overrides is reported."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import tests.private_names\n")
+    report = tmp_path / "private-names.txt"
+    path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", EVERY_SUBCOMMAND, str(tmp_path / "limits.db"),
+         str(tmp_path / "quota.png")],
+        env={**os.environ, "PYTHONPATH": path, "PRIVATE_NAMES_REPORT": str(report)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [0] * 8, result.stdout + result.stderr
+    # The command's own process, the demo's upstream and its two crawlers, at least.
+    assert len((tmp_path / "private-names.txt.processes").read_text().split()) >= 4
+    assert not report.exists(), "".join(sorted(set(report.read_text().splitlines(True))))
 
 
-def test_every_module_of_the_command_is_checked() -> None:
-    assert {"__init__", "command", "demo", "upstream"} <= {path.stem for path in MODULES}
+PROBE = """
+import httpx
+import throttle_client
+from throttle_client import Limiter, MemoryBackend, ThrottledTransport, store_key
+from throttle_client import testing
+
+limiter = Limiter(MemoryBackend(), rates="10/second")
+limiter.acquire("k")
+limiter.usage("k"), limiter.usage(store_key=store_key("k")), limiter.rates
+limiter._local()
+throttle_client._limiter
+from throttle_client._keys import SECRET_ENV
+from throttle_client import _rate
+from throttle_client import hashed_key
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
-def test_the_command_imports_only_public_library_names(path: Path) -> None:
-    assert [name for name in private_imports(path) if name not in JUSTIFIED] == []
+class Watched(Limiter):
+    def _send_flow(self, *args, **kwargs):
+        return (yield from super()._send_flow(*args, **kwargs))
+
+
+upstream = httpx.MockTransport(lambda request: httpx.Response(200))
+watched = Watched(MemoryBackend(), rates="10/second")
+with httpx.Client(transport=ThrottledTransport(watched, transport=upstream)) as client:
+    client.get("https://api.example.com/", headers={"Authorization": "Bearer t"})
+"""
+
+
+def test_the_guard_finds_each_way_to_a_private_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code run as a module of the command: what it touches of the library's private
+    names is found, each once; its public calls, and the library's own private names
+    as the library reads them, are not."""
+    # A name of the package that is not in its __all__ (there is none today).
+    monkeypatch.setattr(throttle_client, "hashed_key", lambda *args: "", raising=False)
+    uninstall = private_names.install()
+    try:
+        private_names.found.clear()
+        module = {"__name__": "throttle_client.cli.probe", "__package__": "throttle_client.cli"}
+        exec(compile(PROBE, "probe.py", "exec"), module)
+    finally:
+        uninstall()
+    assert [line.partition(": ")[2] for line in private_names.found] == [
+        "reads Limiter._local",
+        "reads throttle_client._limiter",
+        "imports throttle_client._keys",
+        "reads throttle_client._rate",
+        "imports hashed_key from throttle_client, which is not in its __all__",
+        "the library reads _send_flow, which the command's Watched defines over the library's own",
+    ]
+    assert private_names.found[0].startswith("throttle_client.cli.probe:")
 
 
 @pytest.mark.parametrize("name", ["demo", "upstream"])
@@ -107,18 +189,7 @@ def test_the_demo_and_its_upstream_do_not_import_the_command(name: str) -> None:
     assert not targets & {"throttle_client.cli", "throttle_client.cli.command"}
 
 
-def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+def test_the_import_reader_finds_the_command(tmp_path: Path) -> None:
     bad = tmp_path / "demo.py"
-    bad.write_text(
-        "import throttle_client._keys\n"
-        "from .._limiter import WARM_UP\n"
-        "from throttle_client import Limiter, hashed_key\n"
-        "from .upstream import StrictUpstream\n"
-        "from . import command\n"
-    )
-    assert private_imports(bad) == [
-        "throttle_client._keys",
-        "throttle_client._limiter.WARM_UP",
-        "throttle_client.hashed_key",
-    ]
+    bad.write_text("from .upstream import StrictUpstream\nfrom . import command\n")
     assert ("throttle_client.cli", "command") in imports(bad)

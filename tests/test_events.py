@@ -55,8 +55,8 @@ def test_admitted_refused_and_timed_out(world: World) -> None:
     limiter = world.limiter("2/second", min_interval=0.25)
     events = heard(limiter)
     label = key_label(limiter.store_key(TOKEN))
-    world.run(limiter.acquire(TOKEN))
-    world.run(limiter.acquire(TOKEN, cost=1))  # sleeps 0.25 s for its slot
+    first = world.run(limiter.acquire(TOKEN))
+    second = world.run(limiter.acquire(TOKEN, cost=1))  # sleeps 0.25 s for its slot
     refused = world.run(limiter.try_acquire(TOKEN))
     with pytest.raises(ThrottleTimeout) as timeout:
         world.run(limiter.acquire(TOKEN, timeout=0.1))
@@ -64,6 +64,10 @@ def test_admitted_refused_and_timed_out(world: World) -> None:
     assert {(e.namespace, e.key) for e in events} == {("default", label)}
     assert len(label) == 8 and label in limiter.store_key(TOKEN)
     assert [e.waited for e in events[:2]] == [0.0, pytest.approx(0.25)]
+    # The slots the two admitted calls got, as their Decisions say.
+    assert [e.slot for e in events[:2]] == [first.slot, second.slot]
+    assert second.slot - first.slot == pytest.approx(0.25)
+    assert [e.slot for e in events[2:]] == [0.0, 0.0]  # no slot for a refused call
     assert events[2].retry_after == pytest.approx(refused.retry_after)
     assert events[3].retry_after == pytest.approx(timeout.value.retry_after)
     assert all(e.time == pytest.approx(world.clock.now, abs=1) for e in events)

@@ -249,6 +249,39 @@ def test_usage_splits_used_from_booked(make_limiter: Any) -> None:
     assert us(limiter.try_acquire("k").retry_after) == 3 * US
 
 
+def test_usage_by_store_key_reads_the_key_whose_store_key_it_is(make_limiter: Any) -> None:
+    """What ``throttle-client top`` does: it finds store keys, never the keys themselves,
+    and reads each with a limiter that never saw the key."""
+    limiter = make_limiter(rates=["3/second", "5/minute"], namespace="crawl", clock=StillClock())
+    for _ in range(4):
+        limiter.acquire("ghp_token")  # three used now, one booked a second ahead
+    hashed = limiter.store_key("ghp_token")
+    assert limiter.usage(store_key=hashed) == limiter.usage("ghp_token")
+    reader = twin(limiter, namespace="crawl", margin=0)
+    usage = reader.usage(store_key=hashed)
+    assert [(r.used, r.booked, r.remaining) for r in usage.rates] == [(3, 1, 0), (3, 1, 1)]
+    assert us(usage.next_slot_in) == US  # when the first three leave 3/second's window
+    # Another key's store key reads that key: an empty log.
+    other = reader.usage(store_key=reader.store_key("another token"))
+    assert [(r.used, r.booked) for r in other.rates] == [(0, 0), (0, 0)]
+    assert [(r.used, r.booked) for r in limiter.usage("ghp_token").rates] == [(3, 1), (3, 1)]
+
+
+def test_usage_by_store_key_refuses_what_is_not_one_of_the_namespace(make_limiter: Any) -> None:
+    limiter = make_limiter(rates=["3/second"], namespace="crawl")
+    for wrong in [
+        "ghp_token",  # the key itself, where its store key was meant
+        limiter.store_key("ghp_token").replace("crawl:", "other:"),
+        "crawl:no-braces",
+    ]:
+        with pytest.raises(ConfigurationError, match="is not a store key of namespace 'crawl'"):
+            limiter.usage(store_key=wrong)
+    with pytest.raises(TypeError, match="not both and not neither"):
+        limiter.usage("ghp_token", store_key=limiter.store_key("ghp_token"))
+    with pytest.raises(TypeError, match="not both and not neither"):
+        limiter.usage()
+
+
 def test_booked_slots_become_used_as_time_reaches_them(make_limiter: Any) -> None:
     clock = StillClock()
     limiter = make_limiter(rates=["2/second"], clock=clock)

@@ -550,6 +550,32 @@ def test_acquire_timeout_raises_throttle_timeout_and_sends_nothing(world):
     world.close(client)
 
 
+def test_a_request_bounds_its_own_wait_with_the_acquire_timeout_extension(world):
+    """The extension wins over the transport's acquire_timeout, either way: a crawler
+    that must stop at a deadline books no slot past it."""
+    limiter = world.limiter("1/minute")
+    upstream = Upstream(world.clock, [])
+    client = world.client(limiter, upstream, acquire_timeout=120)
+    world.get(client)
+    with pytest.raises(ThrottleTimeout) as caught:  # the next slot is 60 s away
+        world.get(client, extensions={"acquire_timeout": 59.5})
+    assert caught.value.retry_after == pytest.approx(60.0)
+    with pytest.raises(ThrottleTimeout):
+        world.get(client, extensions={"acquire_timeout": timedelta(seconds=30)})
+    assert len(upstream.sent) == 1 and world.clock.now == world.clock.start  # nothing waited
+    world.get(client, extensions={"acquire_timeout": None})  # no limit: waits its 60 s
+    assert len(upstream.sent) == 2 and world.clock.now == world.clock.start + 60
+    strict = world.client(limiter, upstream, acquire_timeout=0)
+    world.get(strict, extensions={"acquire_timeout": 61})  # (the transport's 0 would refuse)
+    assert len(upstream.sent) == 3 and world.clock.now == world.clock.start + 120
+    for bad in [-1, "soon", float("nan")]:
+        with pytest.raises(ConfigurationError, match="request extension acquire_timeout"):
+            world.get(client, extensions={"acquire_timeout": bad})
+    assert len(upstream.sent) == 3
+    world.close(client)
+    world.close(strict)
+
+
 def test_logs_say_what_happened_once_and_never_the_token(world, caplog):
     caplog.set_level(logging.DEBUG, logger="throttle_client")
     script = [(429, {"Retry-After": "bogus"}), (429, {"Retry-After": "bogus"})]

@@ -1,4 +1,4 @@
-"""Events: what a limiter tells those who listen (issue 12).
+"""Events: what a limiter tells those who listen.
 
 A listener is a plain callable of one :class:`Event`, added with ``limiter.listen(fn)``
 (which returns the function that removes it). Events are made only while someone
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 log = logging.getLogger("throttle_client")
 
 # What happened, one word each (Event.kind).
-ADMITTED = "admitted"  # an acquire got its slot; ``waited``: the seconds it slept for it
+ADMITTED = "admitted"  # an acquire got its slot; ``slot``, and ``waited``: seconds slept
 REFUSED = "refused"  # a try_acquire found no slot now; ``retry_after``
 TIMED_OUT = "timed_out"  # an acquire's slot lay beyond its timeout; ``retry_after``
 LATE_WAKEUP = "late_wakeup"  # a call woke or was answered past its slot by more than the
@@ -59,6 +59,8 @@ class Event:
     - ``cost``: the units asked (admitted, refused, timed_out, late_wakeup, leased,
       released);
     - ``waited``: seconds slept for the slot (admitted);
+    - ``slot``: the slot the call was admitted at, epoch seconds on the store's clock:
+      the ``Decision.slot`` the call returns (admitted);
     - ``retry_after``: seconds until a slot could be had (refused, timed_out);
     - ``late_by``: seconds past the slot, on the store's clock (late_wakeup);
     - ``until``: the pause's end, epoch seconds on the store's clock (paused);
@@ -74,6 +76,11 @@ class Event:
       matched ("GET api.github.com/search"; "GET api.github.com" when none matched):
       never the request's own path, which may carry a secret or an id per call
       (upstream_status, and a pause a transport set).
+
+    The slots a process's calls got, per key label::
+
+        slots = defaultdict(list)
+        limiter.listen(lambda e: e.kind == "admitted" and slots[e.key].append(e.slot))
     """
 
     kind: str
@@ -89,6 +96,7 @@ class Event:
     source: str = ""
     status: int = 0
     route: str = ""
+    slot: float = 0.0
 
 
 Listener = Callable[[Event], object]

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, overload
 
 import httpx
 import tenacity
@@ -321,6 +321,25 @@ class _LimiterCore:
         ``label=`` gives, else the first 8 characters of its keyed hash (its store key),
         the same in every worker that shares the key secret."""
         return self._label_of(self.store_key(key))
+
+    def _usage_key(self, key: str | None, store_key: str | None) -> str:
+        """The store key ``usage`` reads: ``key``'s, or ``store_key`` as given."""
+        if (key is None) == (store_key is None):
+            raise TypeError("usage() takes a key, or store_key=, not both and not neither")
+        if store_key is None:
+            assert key is not None
+            return self.store_key(key)
+        # A store key of another namespace (or none at all) would be read under this
+        # limiter's rules, which are not that key's.
+        prefix = f"{self.namespace}:{{"
+        if not isinstance(store_key, str) or not (
+            store_key.startswith(prefix) and "}" in store_key[len(prefix) :]
+        ):
+            raise ConfigurationError(
+                f"store_key={store_key!r} is not a store key of namespace "
+                f"{self.namespace!r} ('{prefix}...}}...', as Limiter.store_key gives)"
+            )
+        return store_key
 
     def _label_of(self, store_key: str) -> str:
         return self._cards.label(store_key) or key_label(store_key)
@@ -746,7 +765,7 @@ class _LimiterCore:
             late = self._late_by(clock, slot, now, rebook_if_unsure, margin) if margin else 0.0
             if late <= margin:
                 if self._listeners:
-                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
@@ -760,7 +779,7 @@ class _LimiterCore:
                 # goes, and the operator is told once what to change.
                 self._warn_slow(late, rtt, margin)
                 if self._listeners:
-                    self._emit(ADMITTED, op.key, cost=cost, waited=slept)
+                    self._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
                 return self._decision(
                     verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
                 )
@@ -1467,19 +1486,33 @@ class Limiter(_LimiterCore):
         cap it is an :meth:`acquire` whose end does nothing."""
         return Lease(_Held(self, key, cost, timeout, also, before_request=False))
 
-    def usage(self, key: str) -> Usage:
-        """Per rate used / remaining / seconds until a unit frees; the next slot; any pause."""
-        return run(self._usage_flow(self.store_key(key), self._local()), self._perform)
+    @overload
+    def usage(self, key: str) -> Usage: ...
+
+    @overload
+    def usage(self, *, store_key: str) -> Usage: ...
+
+    def usage(self, key: str | None = None, *, store_key: str | None = None) -> Usage:
+        """Per rate used / remaining / seconds until a unit frees; the next slot; any pause.
+        Read-only.
+
+        ``store_key=`` reads a key known by its store key only (as ``Backend.all_cards``
+        and ``throttle-client top`` find them, or ``status`` shows them), instead of the
+        key itself; it must be one of this limiter's namespace::
+
+            >>> limiter.usage("ghp_token").rates[0].remaining
+            4999
+            >>> limiter.usage(store_key=limiter.store_key("ghp_token")).rates[0].remaining
+            4999
+        """
+        target = self._usage_key(key, store_key)
+        return run(self._usage_flow(target, self._local()), self._perform)
 
     def history(self, key: str) -> UsageHistory:
         """``key``'s use per hour, day and month, as the store counted it (see
         :class:`~throttle_client.History`), by every limiter that counts on the key; one
         that keeps none places the periods at the offset they were counted at."""
         return run(self._history_flow(self.store_key(key), self._local()), self._perform)
-
-    def _usage_of(self, store_key: str) -> Usage:
-        """:meth:`usage` of a key known by its store key only (``throttle-client top``)."""
-        return run(self._usage_flow(store_key, self._local()), self._perform)
 
     def pause(self, key: str, seconds: float | timedelta) -> float:
         """No slot for ``key`` before ``now + seconds``, for every worker; returns the
@@ -1617,8 +1650,17 @@ class AsyncLimiter(_LimiterCore):
         A task cancelled while it waits gives its place up."""
         return AsyncLease(_Held(self, key, cost, timeout, also, before_request=False))
 
-    async def usage(self, key: str) -> Usage:
-        return await arun(self._usage_flow(self.store_key(key), self._local()), self._perform)
+    @overload
+    async def usage(self, key: str) -> Usage: ...
+
+    @overload
+    async def usage(self, *, store_key: str) -> Usage: ...
+
+    async def usage(self, key: str | None = None, *, store_key: str | None = None) -> Usage:
+        """See :meth:`Limiter.usage`: ``await limiter.usage(token)``, or ``await
+        limiter.usage(store_key=...)``."""
+        target = self._usage_key(key, store_key)
+        return await arun(self._usage_flow(target, self._local()), self._perform)
 
     async def history(self, key: str) -> UsageHistory:
         return await arun(self._history_flow(self.store_key(key), self._local()), self._perform)

@@ -35,6 +35,9 @@ logger = logging.getLogger("throttle_client")
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 # A wait for a slot longer than this is worth a line in the log.
 LONG_WAIT = 10.0
+# The request extension that bounds one request's wait for its slot, instead of the
+# transport's acquire_timeout: client.get(url, extensions={"acquire_timeout": 2.5}).
+ACQUIRE_TIMEOUT = "acquire_timeout"
 
 L = TypeVar("L", Limiter, AsyncLimiter)
 KeyFunc = Callable[[httpx.Request], str]
@@ -204,6 +207,7 @@ class _Plan(Generic[L]):
     # per call, nor its query, which may carry a token.
     route: str
     retryable: bool
+    timeout: float | None  # the longest wait for a slot, each attempt's (None: no limit)
 
 
 @dataclass
@@ -240,11 +244,7 @@ class _TransportCore(Generic[L]):
                 )
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
-        if self.acquire_timeout is not None:
-            seconds = to_seconds(self.acquire_timeout, "acquire_timeout")
-            if math.isnan(seconds) or seconds < 0:
-                raise ConfigurationError(f"acquire_timeout must be >= 0, not {seconds!r}")
-            self.acquire_timeout = seconds
+        self.acquire_timeout = _acquire_timeout(self.acquire_timeout, "acquire_timeout")
 
     def limiters(self) -> list[L]:
         """Every limiter the transport uses (its own, its routes', and their ``also=``
@@ -280,6 +280,11 @@ class _TransportCore(Generic[L]):
             also = tuple(route.also) + also
         if limiter is None:
             return None
+        timeout = cast("float | None", self.acquire_timeout)
+        if ACQUIRE_TIMEOUT in request.extensions:
+            timeout = _acquire_timeout(
+                request.extensions[ACQUIRE_TIMEOUT], "the request extension acquire_timeout"
+            )
         key = self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
         route_name = f"{request.method} {request.url.host}{route.path if route else ''}"
@@ -295,6 +300,7 @@ class _TransportCore(Generic[L]):
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.
             and isinstance(request.stream, httpx.ByteStream),
+            timeout=timeout,
         )
 
     def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
@@ -326,10 +332,10 @@ class _TransportCore(Generic[L]):
         while True:
             lease = None
             if capped:  # in flight from admission until the response is closed
-                decision, lease = yield Hold(plan, self.acquire_timeout)
+                decision, lease = yield Hold(plan, plan.timeout)
             else:
                 decision = yield from limiter._send_flow(
-                    plan.key, plan.cost, self.acquire_timeout, now, also=plan.also
+                    plan.key, plan.cost, plan.timeout, now, also=plan.also
                 )
             if decision.waited > LONG_WAIT:
                 logger.info(
@@ -410,6 +416,16 @@ class _TransportCore(Generic[L]):
                     feedback.reason,
                 )
         return feedback.pause or 0.0, feedback.refused and plan.retryable, feedback.reason
+
+
+def _acquire_timeout(value: float | timedelta | None, what: str) -> float | None:
+    """A wait for a slot, in seconds (None: no limit), from seconds or a timedelta."""
+    if value is None:
+        return None
+    seconds = to_seconds(value, what)
+    if math.isnan(seconds) or seconds < 0:
+        raise ConfigurationError(f"{what} must be >= 0, not {seconds!r}")
+    return seconds
 
 
 def _checked_also(also: Sequence[AlsoSpec[L]]) -> tuple[AlsoSpec[L], ...]:
@@ -519,6 +535,12 @@ class ThrottledTransport(httpx.BaseTransport):
     ``cost``: units per request, or a function of the request. ``retry``: see
     :class:`RetryPolicy`. ``acquire_timeout``: the longest wait for a slot (None: no
     limit); beyond it ``ThrottleTimeout`` propagates to the caller and nothing is sent.
+    One request may set its own in the request extension ``"acquire_timeout"`` (seconds,
+    or None for no limit), e.g. to wait no later than a deadline::
+
+        left = deadline - time.monotonic()
+        client.get(url, extensions={"acquire_timeout": max(0.0, left)})
+
     When the attempts run out the last response is returned, whatever its status.
     Closing the transport closes ``transport`` (default ``httpx.HTTPTransport()``).
     ``learn``: quota headers (``X-RateLimit-*``, ``RateLimit``) that allow fewer calls

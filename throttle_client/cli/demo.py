@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import math
 import multiprocessing
 import queue
 import secrets
@@ -36,7 +35,7 @@ import threading
 import time
 import traceback
 from bisect import bisect_right
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from multiprocessing.connection import Connection
@@ -47,7 +46,7 @@ import httpx
 
 from throttle_client import (
     Backend,
-    Decision,
+    Event,
     Limiter,
     MemoryBackend,
     Rate,
@@ -130,57 +129,45 @@ class _CrawlReport:
 # -- the crawler processes ---------------------------------------------------------------
 
 
-class _WatchedLimiter(Limiter):
-    """A Limiter that also tells the parent who is waiting, keeps the slots it got, and
-    books none after the crawl's end (``deadline``, in ``time.monotonic()`` seconds)."""
+class _Waiting:
+    """Whether one crawler thread's request is waiting for its slot, kept in the shared
+    count of its token's waiting crawlers (each thread fetches for one token)."""
 
-    counters: Any
-    numbers: dict[str, int]
-    slots: dict[int, list[float]]
-    deadline = math.inf
+    def __init__(self, counters: Any, number: int) -> None:
+        self._counters = counters
+        self._field = number * _FIELDS + _WAITING
+        self._waiting = False
 
-    def _send_flow(
-        self, key: str, cost: int, timeout: Any, now: float, also: Any = (), lease_id: str = ""
-    ) -> Generator[Any, Any, Decision]:
-        """What ThrottledTransport runs before each request, wrapped. (The library's one
-        private hook the demo uses: the events of issue 12 will make it public.)"""
-        if key not in self.numbers:
-            return (
-                yield from super()._send_flow(key, cost, timeout, now, also, lease_id)
-            )  # a warm-up request
-        # A slot past the end would stretch the run: with 1/second, two crawlers of one
-        # token and --duration 0.5, the second would book 1 s, the first then 2 s.
-        left = max(0.0, self.deadline - time.monotonic())
-        timeout = left if timeout is None else min(timeout, left)
-        base = self.numbers[key] * _FIELDS
-        with self.counters.get_lock():
-            self.counters[base + _WAITING] += 1
-        try:
-            decision = yield from super()._send_flow(key, cost, timeout, now, also, lease_id)
-        finally:
-            with self.counters.get_lock():
-                self.counters[base + _WAITING] -= 1
-        self.slots[self.numbers[key]].append(decision.slot)
-        return decision
+    def set(self, waiting: bool) -> None:
+        if waiting != self._waiting:
+            self._waiting = waiting
+            with self._counters.get_lock():
+                self._counters[self._field] += 1 if waiting else -1
 
 
 class _CountingTransport(httpx.BaseTransport):
-    """Counts what really went over the wire, 429s included, before any retry."""
+    """Counts what really went over the wire, 429s included, before any retry. It is
+    called once a request has its slot: the request no longer waits, until a 429 sends
+    it back to the limiter for another."""
 
-    def __init__(self, counters: Any, numbers: dict[str, int]) -> None:
+    def __init__(self, counters: Any, numbers: dict[str, int], waiting: _Waiting) -> None:
         self._inner = httpx.HTTPTransport()
         self._counters = counters
         self._numbers = numbers
+        self._waiting = waiting
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         token = request.headers["Authorization"].partition(" ")[2]
-        response = self._inner.handle_request(request)
         if token not in self._numbers:
-            return response  # a warm-up request, not part of the crawl
+            return self._inner.handle_request(request)  # a warm-up request, not the crawl's
+        self._waiting.set(False)
+        response = self._inner.handle_request(request)
         base = self._numbers[token] * _FIELDS
         with self._counters.get_lock():
             self._counters[base + _SENT] += 1
             self._counters[base + (_REFUSED if response.status_code == 429 else _OK)] += 1
+        if response.status_code == 429:
+            self._waiting.set(True)  # retried through the limiter, unless the attempts ran out
         return response
 
     def close(self) -> None:
@@ -198,56 +185,72 @@ def _crawl(plan: _CrawlPlan, counters: Any, barrier: Any, results: Any) -> None:
     quiet()  # 429s are counted and shown by the parent; log lines would garble its display
     report = _CrawlReport(plan.index)
     try:
-        limiter = _WatchedLimiter(
+        limiter = Limiter(
             plan.store.open(),
             rates=plan.rates,
             min_interval=plan.min_interval,
             margin=plan.margin,
             namespace=plan.namespace,
         )
-        limiter.counters = counters
-        limiter.numbers = {token: number for number, token in plan.tokens}
-        limiter.slots = report.slots
+        numbers = {token: number for number, token in plan.tokens}
+        # The slot each request of the crawl got, from the limiter's events (which name a
+        # key by its label, never the token).
+        by_label = {limiter.label(token): number for token, number in numbers.items()}
+
+        def keep_slot(event: Event) -> None:
+            number = by_label.get(event.key)
+            if event.kind == "admitted" and number is not None:
+                report.slots[number].append(event.slot)
+
+        limiter.listen(keep_slot)
         for number, token in plan.tokens:
             report.slots[number] = []
             limiter.usage(token)  # open the store before the start, writing nothing
         errors: list[str] = []
 
+        waiting = {number: _Waiting(counters, number) for number in numbers.values()}
         clients = [
             httpx.Client(
                 transport=ThrottledTransport(
-                    limiter, transport=_CountingTransport(counters, limiter.numbers)
+                    limiter, transport=_CountingTransport(counters, numbers, waiting[number])
                 ),
                 base_url=plan.upstream_url,
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=30,
             )
-            for _, token in plan.tokens
+            for number, token in plan.tokens
         ]
-        for number, client in zip(limiter.numbers.values(), clients, strict=True):
+        for number, client in zip(numbers.values(), clients, strict=True):
             # Open the connection and run every code path once before the start, under a
             # key of its own: a first request is slow, and would arrive late after its slot.
             warm_up = {"Authorization": f"Bearer warm-up-{plan.namespace}-{plan.index}-{number}"}
             client.get("/warm-up", headers=warm_up).read()
 
-        def fetch(client: httpx.Client, deadline: float) -> None:
+        def fetch(client: httpx.Client, waits: _Waiting, deadline: float) -> None:
             try:
                 page = 0
-                while time.monotonic() < deadline:
+                while (left := deadline - time.monotonic()) > 0:
                     page += 1
-                    client.get("/items", params={"page": page}).read()
+                    waits.set(True)
+                    # No slot past the end: one would stretch the run (with 1/second, two
+                    # crawlers of one token and --duration 0.5, the second would book 1 s,
+                    # the first then 2 s).
+                    params, wait = {"page": page}, {"acquire_timeout": left}
+                    client.get("/items", params=params, extensions=wait).read()
+                    waits.set(False)
             except ThrottleTimeout:
                 pass  # the next slot lies after the end: this crawler is done
             except Exception:
                 errors.append(traceback.format_exc())
             finally:
+                waits.set(False)
                 client.close()
 
         barrier.wait(timeout=120)
-        deadline = limiter.deadline = time.monotonic() + plan.duration
+        deadline = time.monotonic() + plan.duration
         threads = [
-            threading.Thread(target=fetch, args=(client, deadline), daemon=True)
-            for client in clients
+            threading.Thread(target=fetch, args=(client, waiting[number], deadline), daemon=True)
+            for (number, _), client in zip(plan.tokens, clients, strict=True)
         ]
         for thread in threads:
             thread.start()

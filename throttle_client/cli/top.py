@@ -126,7 +126,7 @@ def look(backend: Backend, namespace: str | None = None, scan_limit: int = SCAN_
 
 
 def _row(store_key: str, card: Card, limiter: Limiter) -> KeyRow:
-    usage = limiter._usage_of(store_key)
+    usage = limiter.usage(store_key=store_key)
     rates = tuple(RateRow(str(r.rate), r.used, r.booked, r.rate.limit) for r in usage.rates)
     shares = [(r.used + r.booked) / r.limit for r in rates]
     if usage.in_flight is not None and card.max_concurrent:
