@@ -324,8 +324,10 @@ class _LimiterCore:
 
     def _usage_key(self, key: str | None, store_key: str | None) -> str:
         """The store key ``usage`` reads: ``key``'s, or ``store_key`` as given."""
-        if (key is None) == (store_key is None):
-            raise TypeError("usage() takes a key, or store_key=, not both and not neither")
+        if key is None and store_key is None:
+            raise TypeError("usage() takes a key (a str, not NoneType), or store_key=")
+        if key is not None and store_key is not None:
+            raise TypeError("usage() takes a key or store_key=, not both")
         if store_key is None:
             assert key is not None
             return self.store_key(key)
