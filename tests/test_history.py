@@ -168,8 +168,10 @@ def test_a_reader_without_the_zone_places_periods_at_the_offset_counted(tmp_path
 def test_the_history_command(tmp_path: Path) -> None:
     path = tmp_path / "limits.db"
     store = SQLiteBackend(path)
+    # A key's card (its label) lasts 1.6 of its windows past its last call: a minute's
+    # window outlasts the two commands below, however slowly a busy machine starts them.
     limiter = Limiter(
-        store, rates="100/second", namespace="crawl", label=lambda k: "acct 9", history=History()
+        store, rates="100/minute", namespace="crawl", label=lambda k: "acct 9", history=History()
     )
     for cost in (1, 4):
         limiter.try_acquire(TOKEN, cost=cost)

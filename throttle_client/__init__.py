@@ -5,9 +5,10 @@ when?", before each outbound call; a sliding-window log per key (usually an
 access token) in Redis, SQLite or memory answers.
 """
 
+import typing as _typing
+
 from ._backends.base import AsyncBackend, Backend
 from ._backends.memory import MemoryBackend
-from ._backends.redis import AsyncRedisBackend, RedisBackend
 from ._backends.sqlite import SQLiteBackend
 from ._cards import Card
 from ._decorator import throttled
@@ -37,7 +38,22 @@ from ._transport import (
     ThrottledTransport,
 )
 
+if _typing.TYPE_CHECKING:
+    from ._backends.redis import AsyncRedisBackend, RedisBackend
+
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> _typing.Any:
+    # The Redis backends load redis-py (~80 ms, and its memory): a worker on memory or
+    # SQLite never pays for it; the first use of either name imports them.
+    if name in ("AsyncRedisBackend", "RedisBackend"):
+        from ._backends import redis
+
+        globals()[name] = value = getattr(redis, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncBackend",

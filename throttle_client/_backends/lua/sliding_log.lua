@@ -433,7 +433,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
       k.base = #oldest[1] == 7 and 0 or math.max(0, total_of(oldest[1]) - q.smallest)
       k.wcum, k.idold, fixed = k.total, 0, fixed or 'meta' -- (0: any ids there go at the next booking)
       k.life = 3 -- rebuilt from its log: no admitted call was lost
-    else -- nothing in L can matter any more (or there is no L): a fresh start
+    elseif newest[1] then -- nothing in L can matter any more: a fresh start
       redis.call('DEL', log)
     end
   end
