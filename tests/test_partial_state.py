@@ -77,7 +77,7 @@ class RedisStore:
     def spoil_meta(self, key: str) -> None:
         assert self.client.set(self.part(key, "meta"), b"\xc1 not what this version writes")
 
-    # The meta's fields by their place in its msgpack (see the header of sliding_log.lua).
+    # The meta's fields by their place in its msgpack (see the header of lua/core.lua).
     FIELDS: ClassVar[dict[str, int]] = {"last": 2, "total": 3, "base": 4, "pause": 5, "first": 6}
     FIELDS |= {"since": 8, "until": 9, "limit": 10, "from": 11}
 

@@ -79,7 +79,24 @@ from .sliding_log import RepairNotice
 
 T = TypeVar("T")
 
-SCRIPT = resources.files(__package__).joinpath("lua/sliding_log.lua").read_text("utf-8")
+# The script, one file per concern, joined in an order in which each part uses only what
+# the parts before it define (lua/core.lua's header describes the whole).
+PARTS = (
+    "core",
+    "repair",
+    "log",
+    "bounded",
+    "calendar",
+    "slots",
+    "history",
+    "leases",
+    "records",
+    "learned",
+    "acquire",
+    "operations",
+)
+_LUA = resources.files(__package__).joinpath("lua")
+SCRIPT = "".join(_LUA.joinpath(f"{part}.lua").read_text("utf-8") for part in PARTS)
 SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 # On Redis >= 7 the same text is loaded as a function library (FUNCTION LOAD) and called
 # with FCALL: its ~45 local functions are then defined once, not on every call (~15% of
@@ -182,7 +199,7 @@ def _array(count: int) -> bytes:
 
 
 def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
-    """KEYS and ARGV for ``op`` (see the header of sliding_log.lua). ``queued_us``: how
+    """KEYS and ARGV for ``op`` (see the header of lua/core.lua). ``queued_us``: how
     long it waited in the backend's queue; an acquire waits that much less for its slot,
     so a call never outlasts its timeout by the time it queued."""
     now = b"-" if op.now_us is None else b"%d" % op.now_us

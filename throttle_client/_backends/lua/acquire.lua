@@ -1,0 +1,252 @@
+-- The script, part 11: a booking, and the operations that admit calls.
+
+-- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
+-- retries are found in the first key); false if the id is already booked.
+local function book(k, slot, cost, id)
+  local cum = k.total + cost
+  if id then
+    if redis.call('ZADD', k.log, 'NX', format('%d', slot), entry(cum), format('%d', -slot - 1), 'c' .. id) < 2 then
+      redis.call('ZREM', k.log, entry(cum))
+      return false
+    end
+    if k.idold < 0 then k.idold = slot end
+    drop_ids(k)
+  else
+    redis.call('ZADD', k.log, format('%d', slot), entry(cum))
+  end
+  book_coarse(k, slot, cost)
+  local h = histories[k.meta]
+  -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or
+  -- half-writes a booking.)
+  if h then pcall(count_history, h, slot, cost) end
+  if cost > 1 then k.wcum = cum end
+  k.total, k.last = cum, slot
+  local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
+  if fresh then k.first = slot end
+  local cutoff = k.q.cutoff
+  if k.first <= cutoff - k.q.batch then -- trim a batch: entries no window can reach any more
+    k.base, k.trimmed = cum_through(k, cutoff), math.max(k.trimmed, cutoff)
+    redis.call('ZREMRANGEBYSCORE', k.log, 0, format('%d', cutoff))
+    k.first = tonumber(redis.call('ZRANGEBYSCORE', k.log, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  end
+  -- The key lives while what matters does, and while its id may still be asked for.
+  local needed = math.max(slot, k.pause) + k.q.horizon
+  if id and slot + KEEP_IDS > needed then needed = slot + KEEP_IDS end
+  save(k, needed, fresh)
+  return true
+end
+
+
+-- acquire: one call on one key (k, read with quota q).
+local function op_acquire(k, q, keys, argv)
+  local problem
+  -- A third key: its usage history, in argv[10..14] (lead, mark, expect are then given);
+  -- expect is "born,total" (see lost_history), or -1.
+  if keys[3] and not declare_history(keys[2], keys[3], argv, 10) then
+    return fail('bad history')
+  end
+  local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
+  local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
+  local expect = argv[9]
+  if not cost then return fail('bad cost ' .. tostring(argv[4])) end
+  if not max_wait then return fail('bad max wait') end
+  if not lead or not mark_us then return fail('bad lead') end
+  if not id or id == '' then return fail('missing call id') end
+  problem = check_cost(q, cost)
+  if problem then return fail(problem) end
+  local lost = lost_history(k, expect)
+
+  local function answer(out) -- every answer ends with the key's life (born) and total
+    out[#out + 1] = k.born
+    out[#out + 1] = k.total
+    return reply(out, lost and 'lost ' or nil)
+  end
+  local function admitted(at) -- a retry's reply: marked -1 if asked (Verdict.mark), as
+    local out = remaining_at(k, at, {1, now, at, k.pause}) -- entries before it may be
+    if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
+    return answer(out)
+  end
+  local earliest, missing = earliest_slot(k, cost)
+  if not earliest then
+    local earlier = booked(k, id)
+    if earlier then return admitted(earlier) end
+    return stale(missing)
+  end
+  local slot = math.max(earliest, now + lead)
+  if slot > earliest then -- a slot the lead moved on must fit the calendar windows there too
+    slot, missing = calendar_slot(k, slot, cost)
+    if not slot then
+      local earlier = booked(k, id)
+      if earlier then return admitted(earlier) end
+      return stale(missing)
+    end
+  end
+  if max_wait >= 0 and slot - now > max_wait then
+    local earlier = booked(k, id)
+    if earlier then return admitted(earlier) end
+    tidy(k)
+    return answer(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
+  end
+  problem = past_totals(k, cost)
+  if problem then return fail(problem) end
+  local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
+  if not book(k, slot, cost, id) then
+    -- The same call again (a retry): it keeps the slot it booked.
+    return admitted(booked(k, id))
+  end
+  local out = remaining_at(k, slot, {1, now, slot, k.pause})
+  if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
+  return answer(out)
+end
+
+-- acquire_all, lease: one call charged to several keys, or a capped call.
+local function op_acquire_all(keys, argv, op)
+  -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost,
+  -- expect (the life the worker knows, -1: none; see lost_history), and for a lease its
+  -- cap (0: none) and lease TTL; keys give a capped key's H, Q, A after its L and M.
+  local max_wait, id, lead = whole(argv[4], -1), argv[5], whole(argv[6], 0)
+  local mark_us = argv[2] == '-' and -1 or whole(argv[2], 0) -- Acquire.mark_us, first key
+  if not mark_us then return fail('bad mark') end
+  if not max_wait then return fail('bad max wait') end
+  if not id or id == '' then return fail('missing call id') end
+  if not lead then return fail('bad lead') end
+  local lease = op == 'lease' and argv[7]
+  local per, first_arg = 3, 7
+  if lease then per, first_arg = 5, 8 end
+  local n = (#argv - first_arg + 1) / per
+  if n < 1 or n % 1 ~= 0 then return fail('bad keys for acquire_all') end
+  -- Everything is checked before the first write: a script that fails half-way is
+  -- not rolled back.
+  local quotas, costs, expects, lks, logs, metas, at = {}, {}, {}, {}, {}, {}, 1
+  for i = 1, n do
+    local arg = first_arg + per * (i - 1)
+    local q, problem = read_quota(argv[arg])
+    if not q then return fail(problem .. ' for key #' .. i) end
+    local cost = whole(argv[arg + 1], 1)
+    if not cost then return fail('bad cost for key #' .. i) end
+    expects[i] = argv[arg + 2]
+    problem = check_cost(q, cost)
+    if problem then return fail(problem .. ' for key #' .. i) end
+    quotas[i], costs[i] = q, cost
+    local log_key, meta_key = keys[at], keys[at + 1]
+    at = at + 2
+    if lease then
+      local cap, ttl = read_cap(argv[arg + 3], argv[arg + 4])
+      if not cap then return fail('bad cap for key #' .. i) end
+      if cap > 0 then
+        lks[i] = lease_key(keys[at], keys[at + 1], keys[at + 2], cap, ttl)
+        at = at + 3
+      end
+    end
+    logs[i], metas[i] = log_key, meta_key
+  end
+  if at ~= #keys + 1 or (lease and lease == '') then return fail('bad keys for acquire_all') end
+  local keys, pause, lost = {}, 0, false
+  for i = 1, n do
+    local problem
+    keys[i], problem = open(logs[i], metas[i], quotas[i], i)
+    if not keys[i] then return fail(problem) end
+    if lost_history(keys[i], expects[i]) then lost = true end
+    if keys[i].pause > pause then pause = keys[i].pause end
+    local problem = past_totals(keys[i], costs[i]) -- (before the caps write anything)
+    if problem then return fail(problem .. ' for key #' .. i) end
+  end
+  local function remaining_all(point, out)
+    for i = 1, n do remaining_at(keys[i], point, out) end
+    return out
+  end
+  local function answer(out) -- every answer ends with each key's life and total, in order
+    for i = 1, n do out[#out + 1] = keys[i].born; out[#out + 1] = keys[i].total end
+    return reply(out, lost and 'lost ' or nil)
+  end
+  local function admitted(at, marked) -- an admitted call's reply, marked if asked (a
+    local out = remaining_all(at, {1, now, at, pause}) -- retry's with -1: entries before
+    if mark_us >= 0 then -- it may be trimmed since); MARK BORN
+      out[#out + 1] = marked or -1
+      out[#out + 1] = marked and keys[1].born or -1
+    end
+    return answer(out)
+  end
+  local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
+  if earlier then return admitted(earlier) end
+  -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
+  -- there is room and no one queued ahead of it.
+  local full, capped = {}, {}
+  for i = 1, n do
+    local lk = lks[i]
+    if lk then
+      capped[#capped + 1] = lk
+      settle(lk)
+      if not redis.call('ZSCORE', lk.hold, lease) then
+        local first = head(lk)
+        if redis.call('ZCARD', lk.hold) >= lk.cap or (first and first ~= lease) then
+          full[lk] = true
+        end
+      end
+    end
+  end
+  if next(full) then
+    local hint = nil
+    for lk in pairs(full) do
+      local e = redis.call('ZRANGE', lk.hold, 0, 0, 'WITHSCORES')[2]
+      if e and (not hint or tonumber(e) < hint) then hint = tonumber(e) end
+    end
+    hint = hint or now
+    if max_wait == 0 then -- try: refused (4: for a full cap), and nothing of it is written
+      for _, lk in ipairs(capped) do touch(lk) end
+      return answer(remaining_all(now, {4, now, hint, pause}))
+    end
+    local number = 0
+    for _, lk in ipairs(capped) do
+      local newest = redis.call('ZRANGE', lk.queue, -1, -1, 'WITHSCORES')[2]
+      if newest and tonumber(newest) > number then number = tonumber(newest) end
+    end
+    number = number + 1
+    local at_head = 3
+    for _, lk in ipairs(capped) do
+      if not full[lk] then -- served here: held for it while it waits elsewhere
+        dequeue(lk, lease)
+        hold(lk, lease, now + lk.ttl)
+      else
+        if not redis.call('ZSCORE', lk.queue, lease) then
+          redis.call('ZADD', lk.queue, format('%d', number), lease)
+        end
+        redis.call('ZADD', lk.alive, format('%d', now + lk.ttl), lease)
+        lk.written = true
+        if head(lk) ~= lease then at_head = 2 end
+      end
+      touch(lk)
+    end
+    return answer(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
+  end
+  local slot = now + lead
+  for i = 1, n do
+    local earliest, missing = earliest_slot(keys[i], costs[i])
+    if not earliest then return stale(missing) end
+    slot = math.max(slot, earliest)
+  end
+  repeat -- a key's calendar windows may move the slot on: round again until it stays
+    local later = slot
+    for i = 1, n do
+      local fits, missing = calendar_slot(keys[i], slot, costs[i])
+      if not fits then return stale(missing) end
+      later = math.max(later, fits)
+    end
+    local moved = later ~= slot
+    slot = later
+  until not moved
+  if max_wait >= 0 and slot - now > max_wait then
+    for _, lk in ipairs(capped) do touch(lk) end
+    for i = 1, n do tidy(keys[i]) end
+    return answer(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
+  end
+  local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
+  book(keys[1], slot, costs[1], id) -- (not booked yet: booked() was asked above)
+  for i = 2, n do book(keys[i], slot, costs[i]) end
+  for _, lk in ipairs(capped) do -- held through the sleep to its slot too
+    dequeue(lk, lease)
+    hold(lk, lease, math.max(slot, now) + lk.ttl)
+    touch(lk)
+  end
+  return admitted(slot, marked)
+end

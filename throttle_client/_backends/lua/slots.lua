@@ -1,0 +1,118 @@
+-- The script, part 6: a call's earliest slot, what remains at a slot, call ids, and the
+-- checks before a booking.
+
+-- The earliest slot for `cost`: max(now, last + gap, pause, each sliding rate's), then
+-- the calendar windows; or nil and the time whose window the limiter did not give.
+-- A sliding rate first looks up the running total through now - period (k.seen[i]):
+-- when that already reaches the target, the rate does not hold the call back, and the
+-- same figure gives its remaining at now, so a rate that is not full costs one lookup.
+local function earliest_slot(k, cost)
+  local q = k.q
+  for i = 1, q.nrates do
+    if q.windows[i] and now < q.windows[i].keep then return nil, now end
+  end
+  local slot = math.max(now, k.pause, k.last + q.gap)
+  if k.last < 0 then slot = math.max(now, k.pause) end
+  k.seen = {}
+  for i = 1, q.nrates do
+    if not q.windows[i] then
+      local target, older = k.total - q.limits[i] + cost, through(k, i, now - q.periods[i])
+      k.seen[i] = older
+      if target > older then
+        slot = math.max(slot, reach(k, i, target) + q.periods[i])
+      end
+    end
+  end
+  return calendar_slot(k, slot, cost)
+end
+
+local function remaining_at(k, point, out)
+  local q = k.q
+  for i = 1, q.nrates do
+    local w, used = q.windows[i]
+    if not w then
+      local older = point == now and k.seen and k.seen[i] -- (bookings come at now or later)
+      used = k.total - (older or through(k, i, point - q.periods[i]))
+    else
+      local first, last = counting(w, point)
+      if first then
+        used = 0
+        for j = first, last do used = math.max(used, counted(k, i, j)) end
+      else -- outside the windows given: the one holding now, every booked unit counted
+        used = k.total - through(k, i, w.keep - w.margin - 1)
+      end
+    end
+    out[#out + 1] = math.max(0, q.limits[i] - used)
+  end
+  return out
+end
+
+local function stale(at) -- the windows given do not reach `at`: nothing was written
+  return reply({now, at}, 'stale ')
+end
+
+-- Call ids. A retried call (its answer lost, the limiter tries again with the same id)
+-- must get the slot its first attempt booked, never a second one. The ZADD that books an
+-- entry adds "c" .. id beside it, NX: a second booking of the id is found and undone.
+-- The ids are kept only while a retry can come: KEEP_IDS after their slot (a limiter's
+-- retries of a call end within its retry_for, 1 s by default, plus a 1 s timeout), then
+-- dropped in batches (M's idold), so they add almost nothing to a long log's memory.
+
+local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
+  local score = redis.call('ZSCORE', k.log, 'c' .. id)
+  return score and -tonumber(score) - 1
+end
+
+local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time; true if any went
+  if k.idold >= 0 and k.idold < now - 2 * KEEP_IDS then
+    redis.call('ZREMRANGEBYSCORE', k.log, format('(%d', -(now - KEEP_IDS) - 1), -1)
+    local oldest = redis.call('ZREVRANGEBYSCORE', k.log, -1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+    k.idold = oldest and -tonumber(oldest) - 1 or -1
+    return true
+  end
+end
+
+-- A refused acquire books nothing, but drops the ids past their time: a key filled in a
+-- burst and then refused would otherwise keep the burst's ids until it expires.
+local function tidy(k)
+  if drop_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
+end
+
+local function past_totals(k, cost) -- a 6-byte member holds totals below 2^48
+  if k.total + cost >= TOTALS then
+    return format('running total %d + %d reaches 2^48: reset the key', k.total, cost)
+  end
+end
+
+local function check_cost(q, cost)
+  for i = 1, q.nrates do
+    if cost > q.limits[i] then return format('cost %d above limit %d', cost, q.limits[i]) end
+  end
+end
+
+-- A call at `slot`, in each coarse log of the key's bounded rates (once per log; before
+-- k.total counts it): in the bucket that counts it, the entries no window from now on
+-- reads dropped but the newest of them, the base (sliding_log.book).
+local function book_coarse(k, slot, cost)
+  local q, done = k.q, {}
+  for i = 1, q.nrates do
+    local name, w = q.names[i], q.windows[i]
+    if name and not done[name] then
+      done[name] = true
+      local c, at, cutoff = coarse_of(k, name)
+      if w then -- the end of its window, or of the margin before that end
+        local own = counting(w, slot)
+        at = w.ends[own] - 1
+        if slot < w.ends[own] - w.margin then at = at - w.margin end
+        cutoff = w.keep - w.margin - 1
+      else
+        at, cutoff = slot - slot % q.widths[i] + q.widths[i] - 1, now - q.periods[i]
+      end
+      c = c_add(c, at, cost)
+      local drop = upto(c, slot_at, cutoff) - 1
+      if drop > 0 then c = string.sub(c, 13 * drop + 1) end
+      k.coarse[name], k.views[name] = c, c
+    end
+  end
+end
+
