@@ -10,20 +10,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import httpx
 import pytest
 
 from throttle_client import (
+    AsyncLimiter,
+    AsyncRedisBackend,
     Backend,
+    Decision,
     Limiter,
     LocalFallback,
     MemoryBackend,
+    RedisBackend,
     ThrottledClient,
     ThrottleTimeout,
 )
-from throttle_client.testing import FakeClock
+from throttle_client.testing import FakeClock, RedisServer
+
+from .delay_proxy import DelayProxy
 
 
 def test_a_blocking_limiter_in_an_event_loop_is_refused_before_it_books() -> None:
@@ -128,6 +135,58 @@ def test_a_cold_connection_counts_against_the_timeout() -> None:
     assert clock.now - started == pytest.approx(0.5)  # the cold call, and no sleep after it
 
 
+@pytest.mark.parametrize("world", ["sync", "async"])
+def test_a_cold_call_to_a_distant_store_spends_few_round_trips(
+    world: str, own_redis: RedisServer
+) -> None:
+    """A new process's first call to a store 100 ms away that never held the script: the
+    connection's handshake (redis-py's PING, HELLO and two CLIENT SETINFO), then the
+    script loaded with the store's eviction policy read in one pipelined round trip,
+    then the decision: about seven of the store's round trips, 0.7 s. It took 1.4 s: a
+    call of no keys to open the connection, FCALL, "function not found", FUNCTION LOAD,
+    FCALL again, the decision, then CONFIG GET, and the cold answer then came too late
+    to tell (an inspect and a second booking, a slot spent). A margin wide enough for
+    the round trip keeps this about the connection, not a store too slow for it; the
+    set-up then takes less than the margin (the case of the next test is longer)."""
+    delay = 0.1
+    with DelayProxy(own_redis.port, delay=delay) as proxy:
+        started = time.monotonic()
+        if world == "sync":
+            backend = RedisBackend(proxy.url)
+            decision = Limiter(backend, rates=["100/hour"], margin=1.0).acquire("k")
+            backend.close()
+        else:
+
+            async def first_call() -> Decision:
+                backend = AsyncRedisBackend(proxy.url)
+                limiter = AsyncLimiter(backend, rates=["100/hour"], margin=1.0)
+                decision = await limiter.acquire("k")
+                await backend.aclose()
+                return decision
+
+            decision = asyncio.run(first_call())
+        took = time.monotonic() - started
+    assert decision.allowed and decision.late_wakeups == 0
+    assert took < 11 * delay  # (seven round trips, and room for a busy machine)
+
+
+def test_a_cold_call_whose_set_up_outlasts_the_margin_looks_before_it_books_again(
+    own_redis: RedisServer,
+) -> None:
+    """The set-up (0.6 s here) outlasts the margin (0.5 s): the cold answer cannot tell
+    whether the call is still within the margin of its slot. A look at the key on the
+    open connection (one round trip) can: the call goes, in its slot, and spends no
+    second one."""
+    with DelayProxy(own_redis.port, delay=0.1) as proxy:
+        backend = RedisBackend(proxy.url)
+        limiter = Limiter(backend, rates=["100/hour"], margin=0.5)
+        decision = limiter.acquire("k")
+        booked = limiter.usage("k").rates[0].used + limiter.usage("k").rates[0].booked
+        backend.close()
+    assert decision.allowed and decision.late_wakeups == 0
+    assert booked == 1
+
+
 def test_log_lines_do_not_repeat_the_logger_name(caplog: pytest.LogCaptureFixture) -> None:
     """Every line goes to the "throttle_client" logger, whose name a handler prints: a
     message that names it again reads "throttle_client: throttle_client: ..."."""
@@ -177,6 +236,21 @@ def test_workers_that_disagree_about_a_key_are_told(
     assert len(said) == 1
     assert "['10/1s']" in said[0] and "['5/1s']" in said[0] and "min_interval=0.05" in said[0]
     assert "token" not in said[0].replace("token to", "")  # (the key's label, never the key)
+
+
+def test_workers_that_differ_only_in_their_margin_are_told(
+    shared_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The margin widens every window a worker books in: one worker without it crowds
+    the windows of one with it, as the upstream counts arrivals."""
+    clock = FakeClock()
+    wide = Limiter(shared_store, rates=["5/second"], margin=0.1, clock=clock)
+    narrow = Limiter(shared_store, rates=["5/second"], margin=0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        wide.try_acquire("token")
+        narrow.try_acquire("token")
+    said = [r.getMessage() for r in caplog.records if "disagree" in r.getMessage()]
+    assert len(said) == 1 and "margin=0.1" in said[0] and "margin=0" in said[0]
 
 
 def test_workers_with_one_rule_set_say_nothing(

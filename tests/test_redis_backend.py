@@ -606,9 +606,9 @@ def test_redis_7_runs_the_script_as_a_function_and_survives_a_flush(redis7: Redi
         assert not limiter.try_acquire(TOKEN).allowed
     calls = script_calls(client)
     assert calls["evalsha"] == 0 and calls["script|load"] == 0
-    # The call that opened the connection and 3 decisions, 2 calls of them after a
-    # "Function not found" (the first call and the one after the flush).
-    assert calls["fcall"] == 6
+    # The connection opened with the library loaded (no FCALL), 3 decisions, and the one
+    # after the flush called again after its "Function not found" and a load.
+    assert calls["fcall"] == 4
     assert calls["function|load"] == 2
     client.close()
 
@@ -644,9 +644,8 @@ def test_the_documented_acl_with_its_redis_7_line_runs_functions(redis7: RedisSe
         limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
         assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
     calls = script_calls(admin)
-    # The call that opened the connection (refused: "Function not found", then loaded and
-    # called again) and 3 decisions.
-    assert calls["fcall"] == 5 and calls["function|load"] == 1 and calls["evalsha"] == 0
+    # The connection opened with the library loaded (no FCALL), then 3 decisions.
+    assert calls["fcall"] == 3 and calls["function|load"] == 1 and calls["evalsha"] == 0
     admin.acl_deluser(user)
     admin.close()
 

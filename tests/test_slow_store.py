@@ -96,7 +96,9 @@ def test_the_sync_transport_keeps_sending_through_a_slow_store(
         assert not too_slow
 
 
-def test_the_async_transport_keeps_sending_through_a_slow_store(slow_store: DelayProxy) -> None:
+def test_the_async_transport_keeps_sending_through_a_slow_store(
+    slow_store: DelayProxy, caplog: pytest.LogCaptureFixture
+) -> None:
     arrivals: list[float] = []
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -118,7 +120,14 @@ def test_the_async_transport_keeps_sending_through_a_slow_store(slow_store: Dela
             await asyncio.wait_for(asyncio.gather(*(task() for _ in range(TASKS))), 30)
         await backend.aclose()
 
-    asyncio.run(crawl())
+    with caplog.at_level(logging.WARNING, logger="throttle_client"):
+        asyncio.run(crawl())
     fullest, used = judge(arrivals, slow_store.delay)
     assert fullest <= RATE, f"{fullest} arrivals in one window of {RATE}"
     assert used >= 0.8, f"{used:.0%} of the quota used: {len(arrivals)} arrivals"
+    too_slow = [r for r in caplog.records if "too slow for margin" in r.getMessage()]
+    if slow_store.delay > MARGIN:  # said once, naming the round trip and the margin
+        assert len(too_slow) == 1
+        assert "margin=25.0 ms" in too_slow[0].getMessage()
+    else:
+        assert not too_slow

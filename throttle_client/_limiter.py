@@ -765,6 +765,23 @@ class _LimiterCore:
             # tell (not a sleep whose wake-up only the width of the bracket blurs).
             rebook_if_unsure = answered_late and not refusal
             late = self._late_by(clock, slot, now, rebook_if_unsure, margin) if margin else 0.0
+            if late > margin and cold and not refusal:
+                # A cold answer also waited for a connection to open and the script to
+                # load, so it says little of the store's clock. A look at the key on the
+                # open connection says more, before the call books again (and spends a
+                # slot) for what may have been only its connection's set-up.
+                asked = now
+                try:
+                    snap, from_store, now = yield from self._ask_flow(
+                        self._inspect_op(op.key, now), now
+                    )
+                except BackendUnavailable:
+                    now = yield ReadClock()
+                else:
+                    clock = self._observe(from_store, asked, now, snap.now_us)
+                    rtt = now - asked
+                    late = self._late_by(clock, slot, now, True, margin)
+                cold = False
             if late <= margin:
                 if self._listeners:
                     self._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
@@ -796,17 +813,6 @@ class _LimiterCore:
                 if self._listeners:
                     self._emit(REFUSED, op.key, cost=cost, retry_after=refused.retry_after)
                 return refused
-            if cold:  # what the round trip is, a look at the key on the open connection says
-                asked = now
-                try:
-                    snap, from_store, now = yield from self._ask_flow(
-                        self._inspect_op(op.key, now), now
-                    )
-                except BackendUnavailable:
-                    now = yield ReadClock()
-                else:
-                    self._observe(from_store, asked, now, snap.now_us)
-                    rtt = now - asked
             cold = False
             # The new slot lies twice the last round trip ahead, so that its answer is
             # back before it (one due now would be answered too late again), and is

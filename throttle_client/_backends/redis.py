@@ -395,7 +395,7 @@ class _Command(NamedTuple):
     """A step of ``_script_flow``: one redis-py client method and its arguments (a tuple:
     one is made for every decision)."""
 
-    name: str  # fcall, function_load, evalsha, script_load, config_get
+    name: str  # fcall, function_load, evalsha, script_load, config_get, pipeline
     args: tuple[Any, ...]
 
 
@@ -548,6 +548,9 @@ def _script_flow(
     again when the server has lost it; driver errors become ours. The first call that
     succeeds also asks whether Redis may evict the limiter's keys. Returns each one's
     answer, or the error it raises."""
+    if not ops:  # a place opening its connection ahead of the calls queued behind it
+        yield from _open_flow(calls)
+        return []
     keys, args = encode_batch(ops, queued)
     try:
         tries_left = _NOSCRIPT_TRIES
@@ -589,6 +592,28 @@ def _script_flow(
         with contextlib.suppress(*DRIVER_ERRORS):
             warn_if_evicting((yield _Command("config_get", ("maxmemory*",))))
     return decode_batch(ops, reply, repairs, disagree)
+
+
+def _open_flow(calls: _Calls) -> Generator[_Command, Any, None]:
+    """A new connection's round trip (Batcher: a call of no operation), which the calls
+    queued behind it wait for: the library (or script) loaded, and, the first time, the
+    store's eviction policy read, pipelined. So a store that never held the script costs
+    a cold call one round trip, not three (FCALL, "function not found", FUNCTION LOAD,
+    FCALL again), and the first decision does not wait for CONFIG GET. A library loaded
+    already answers "already exists"; anything else it answers is the calls' to meet."""
+    check = calls.memory_checked.acquire(blocking=False)
+    load = ("function_load", (LIBRARY,)) if calls.functions else ("script_load", (SCRIPT,))
+    steps = (load, ("config_get", ("maxmemory*",))) if check else (load,)
+    try:
+        replies = yield _Command("pipeline", steps)
+    except DRIVER_ERRORS as exc:
+        if check:
+            calls.memory_checked.release()  # (asked again by the next call that succeeds)
+        raise translate(exc) from exc
+    if isinstance(replies[0], rx.RedisError) and _no_functions(replies[0]):
+        calls.functions = False
+    if check and not isinstance(replies[1], Exception):
+        warn_if_evicting(replies[1])  # (refused, NOPERM or CONFIG renamed: silent)
 
 
 def _one_slot(store_keys: list[str]) -> None:
@@ -711,6 +736,11 @@ class RedisBackend(Backend):
             return step.waker.wait()
         # Connecting a Cluster URL's client may fail too: the flow translates it.
         runner = self._runner or self._connect()
+        if step.name == "pipeline":
+            pipe = runner.pipeline(transaction=False)
+            for name, args in step.args:
+                getattr(pipe, name)(*args)
+            return pipe.execute(raise_on_error=False)
         return getattr(runner, step.name)(*step.args)
 
     @functools.cached_property
@@ -876,6 +906,11 @@ class AsyncRedisBackend(AsyncBackend):
     async def _perform(self, step: _Command | Wait) -> Any:
         if isinstance(step, Wait):
             return await step.waker
+        if step.name == "pipeline":
+            pipe = self._runner.pipeline(transaction=False)
+            for name, args in step.args:
+                getattr(pipe, name)(*args)
+            return await pipe.execute(raise_on_error=False)
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
