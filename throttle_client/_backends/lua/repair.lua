@@ -62,10 +62,12 @@ local function damaged(meta, what) -- the error for a key no call may use until 
 end
 
 local function well_formed(k)
-  local fields = {k.last, -1, k.first, -1, k.idold, -1, k.total, 0, k.base, 0, k.wcum, 0,
-    k.pause, 0, k.expires, 0, k.born, 0, k.trimmed, 0, k.since, 0, k["until"], 0, k.learned, 0, k.from, 0}
-  for i = 1, #fields, 2 do
-    if not whole(fields[i], fields[i + 1]) then return false end
+  -- (Each field checked in turn, with no table built: every call on a key runs this.)
+  if not (whole(k.last, -1) and whole(k.first, -1) and whole(k.idold, -1) and whole(k.total, 0)
+      and whole(k.base, 0) and whole(k.wcum, 0) and whole(k.pause, 0) and whole(k.expires, 0)
+      and whole(k.born, 0) and whole(k.trimmed, 0) and whole(k.since, 0) and whole(k["until"], 0)
+      and whole(k.learned, 0) and whole(k.from, 0)) then
+    return false
   end
   if k.total >= TOTALS or k.from >= TOTALS or k.base > k.total or k.wcum > k.total then return false end
   if k.first < 0 then return k.total == k.base end -- (an empty log: every unit trimmed)
@@ -74,11 +76,13 @@ end
 
 -- What lies further ahead than any limiter sets, if anything; `slot`: the newest slot
 -- too (M's, which L's newest entry may yet correct, is checked before L is written).
+local function years(t) return (t - now) / 31557600000000 end
+
 local function too_far(k, slot)
-  local function years(t) return (t - now) / 31557600000000 end
-  if slot and k.last > now + AHEAD then return format('its newest slot is %.0f years ahead', years(k.last)) end
-  if k.pause > now + AHEAD then return format('its pause ends %.0f years ahead', years(k.pause)) end
-  if k["until"] > now + AHEAD then
+  local far = now + AHEAD
+  if slot and k.last > far then return format('its newest slot is %.0f years ahead', years(k.last)) end
+  if k.pause > far then return format('its pause ends %.0f years ahead', years(k.pause)) end
+  if k["until"] > far then
     return format('its learned limit ends %.0f years ahead', years(k["until"]))
   end
 end
