@@ -186,6 +186,28 @@ def _ietf(headers: httpx.Headers, now: float) -> float | None:
     return max(pauses) if pauses else None
 
 
+# Every field read_feedback and read_quota_view read, as httpx keys them (lower case): a
+# response with none of them (most are) says nothing of the quota, at the cost of one
+# look at its field names.
+_QUOTA_FIELDS = frozenset(
+    {
+        "retry-after",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "x-ratelimit-limit",
+        "ratelimit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+        "ratelimit-limit",
+        "ratelimit-policy",
+    }
+)
+
+
+def _silent(headers: httpx.Headers) -> bool:
+    return _QUOTA_FIELDS.isdisjoint(headers.keys())
+
+
 def read_feedback(
     status: int,
     headers: httpx.Headers | Mapping[str, str],
@@ -206,6 +228,8 @@ def read_feedback(
     """
     if not isinstance(headers, httpx.Headers):
         headers = httpx.Headers(headers, encoding="utf-8")
+    if status != 429 and _silent(headers):
+        return Feedback(refused=False, pause=None, reason="", problems=())
     candidates: list[tuple[float, str]] = []
     problems: list[Problem] = []
 
@@ -279,6 +303,8 @@ def read_quota_view(headers: httpx.Headers | Mapping[str, str], *, now: float) -
     """
     if not isinstance(headers, httpx.Headers):
         headers = httpx.Headers(headers, encoding="utf-8")
+    if _silent(headers):
+        return None
     views: list[QuotaView] = []
 
     def add(header: str, remaining: str | None, reset: str | None, limit: str | None) -> None:
