@@ -403,6 +403,19 @@ class Outcome:
     waking: tuple[float, ...]  # the limiter let the call go, after its slot
     preparing: tuple[float, ...]  # the inner transport began to send, after that
     in_flight: tuple[float, ...]  # the upstream stamped the arrival, after that
+    # What the limiter promises (docs/design.md §2, "Arrivals"): a request that leaves
+    # within the margin of its slot, and arrives within it, never crowds a window or the
+    # gap as the upstream counts them. A request the limiter let go in time, but that
+    # reached the upstream later than its slot plus the margin (the machine stalled it
+    # between the limiter and the upstream), is outside that promise: ``stalled``. The
+    # windows and the gap are judged again with each stalled arrival put back at its
+    # slot plus the margin (the latest the promise covers), and a 429 is excused when a
+    # window or gap it was refused for holds a stalled arrival. A call the limiter let go
+    # late is never excused: that lateness is the limiter's to prevent.
+    stalled: int = 0
+    over_within_promise: int = 0
+    close_within_promise: int = 0
+    unexcused_429s: int = 0
 
     @property
     def use_by_slot(self) -> float:
@@ -415,8 +428,10 @@ class Outcome:
     def summary(self) -> str:
         return (
             f"{self.scenario} on {self.store}, margin {self.margin * 1000:g} ms: "
-            f"{self.rejected} 429s of {self.sent}, {self.over_by_arrival} over-limit windows "
-            f"by arrival, {self.late_wakeups} late wake-ups, utilisation by slot "
+            f"{self.rejected} 429s of {self.sent} ({self.unexcused_429s} not excused), "
+            f"{self.over_by_arrival} over-limit windows by arrival ({self.over_within_promise} "
+            f"within the promise), {self.stalled} stalled after release, "
+            f"{self.late_wakeups} late wake-ups, utilisation by slot "
             f"{self.use_by_slot:.1%} ({self.used}/{self.possible_by_slot}), arrival - slot "
             f"p50 {quantile(self.lateness, 0.5) * 1000:.1f} ms, "
             f"max {max(self.lateness, default=0.0) * 1000:.1f} ms (of it at most: waking "
@@ -462,6 +477,7 @@ def judge(
     by_slot = tuple(crowded(slots, rate.period_us, rate.limit)[1] for rate in setup.rates)
     admitted = [a.wall for a in arrivals if a.status == 200]
     paired = [(a, calls[a.slot_us]) for a in arrivals if a.slot_us in calls]
+    promise = _within_promise(setup, arrivals, calls)
     return Outcome(
         scenario=scenario.name,
         store=store,
@@ -482,7 +498,54 @@ def judge(
         waking=tuple(sorted(call.returned - call.slot_us / US for _, call in paired)),
         preparing=tuple(sorted(call.sent - call.returned for _, call in paired)),
         in_flight=tuple(sorted(a.wall - call.sent for a, call in paired)),
+        **promise,
     )
+
+
+def _within_promise(
+    setup: Setup, arrivals: list[Arrival], calls: dict[int, Call]
+) -> dict[str, int]:
+    """The judgement within the limiter's promise (see Outcome.stalled): how many
+    arrivals were stalled, the windows over their limit and the gaps crowded once each
+    stalled arrival is put back at its slot plus the margin, and the 429s for which no
+    window or gap that refused them holds a stalled arrival."""
+    margin_ns = round(setup.margin * NS)
+    stalled = set()
+    placed = []  # (the time the promise covers, ns; the arrival's index)
+    for index, a in enumerate(arrivals):
+        call = None if a.slot_us is None else calls.get(a.slot_us)
+        at = a.at_ns
+        if call is not None:
+            # (Wall clocks of one host: the client's and the upstream's stamps compare.)
+            late = a.wall - call.slot_us / US
+            if call.returned - call.slot_us / US <= setup.margin < late:
+                stalled.add(index)  # put back at its slot + margin, on the upstream's clock
+                at = a.at_ns - round(late * NS) + margin_ns
+        placed.append((at, index))
+    placed.sort()
+    times = [at for at, _ in placed]
+    over = sum(crowded(times, round(rate.period * NS), rate.limit)[0] for rate in setup.rates)
+    gap_ns = round(setup.min_interval * NS)
+    close = sum(b - a < gap_ns for a, b in itertools.pairwise(times))
+    unexcused = 0
+    real = [a.at_ns for a in arrivals]  # (sorted: arrivals are)
+    for index, a in enumerate(arrivals):
+        if a.status != 429 or index in stalled:
+            continue
+        # Every arrival the upstream counted in any of its windows ending at this one,
+        # and the one before it (the gap).
+        first = min(
+            bisect.bisect_right(real, a.at_ns - round(rate.period * NS)) for rate in setup.rates
+        )
+        near = set(range(max(0, min(first, index - 1)), index + 1))
+        if not near & stalled:
+            unexcused += 1
+    return {
+        "stalled": len(stalled),
+        "over_within_promise": over,
+        "close_within_promise": close,
+        "unexcused_429s": unexcused,
+    }
 
 
 def _possible(setup: Setup, span: float | None) -> int:
