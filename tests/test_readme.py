@@ -3,6 +3,8 @@ test command, which CI (`.ci/run`) reads from it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -133,9 +135,28 @@ def test_the_second_tier_runs_what_the_first_leaves_out() -> None:
     assert first | second == every
 
 
-def test_the_readme_has_sync_and_async_examples() -> None:
+def stated_outputs(block: str) -> list[str]:
+    """What a block's ``print(...)  # <output>`` lines say they print: the comment, up to
+    a " — " that explains it; after "e.g. " (a value that changes, like a date) only the
+    words after the first."""
+    stated = []
+    for line in block.splitlines():
+        code, _, comment = line.partition("  # ")
+        if "print(" not in code or not comment:
+            continue
+        comment = comment.split(" — ")[0].strip()
+        if comment.startswith("e.g. "):
+            comment = " ".join(comment.split()[2:])
+        stated.append(comment)
+    return stated
+
+
+def test_the_readme_has_sync_and_async_examples_that_say_what_they_print() -> None:
+    """The quick starts are run below (test_readme_example_runs), the async one under
+    asyncio.run; and the outputs the examples state in comments are checked there."""
     assert len(BLOCKS) >= 2
-    assert any("asyncio.run" in block for block in BLOCKS)
+    assert any("asyncio.run(" in block and "await " in block for block in BLOCKS)
+    assert sum(len(stated_outputs(block)) for block in BLOCKS) >= 3
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
@@ -144,7 +165,9 @@ def test_readme_example_runs(index: int, redis_url: str) -> None:
         source = BLOCKS[index].replace("redis://localhost:6379/0", redis_url)
         source = source.replace("https://api.example.com", upstream.url)
         namespace: dict[str, object] = {"__name__": f"readme_{index}"}
-        exec(compile(source, f"README.md block {index}", "exec"), namespace)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, f"README.md block {index}", "exec"), namespace)
         limiter = namespace.get("limiter")
         if "fetch" in namespace:  # the decorated function: call it once, for real
             fetch = namespace["fetch"]
@@ -160,5 +183,7 @@ def test_readme_example_runs(index: int, redis_url: str) -> None:
         if isinstance(limiter, Limiter) and isinstance(limiter.backend, RedisBackend):
             limiter.backend.close()
     assert stats["rejected"] == 0
+    for stated in stated_outputs(BLOCKS[index]):  # what the block says it prints, it does
+        assert stated in printed.getvalue(), (stated, printed.getvalue())
     if "httpx" in BLOCKS[index]:  # an HTTP example (the others assert on their own)
         assert stats["admitted"] >= 1  # the example did reach the upstream
