@@ -64,6 +64,7 @@ from throttle_client.cli.upstream import StrictUpstream
 # (0.855 s with the default margin's wider gap), so the first second is gap-paced, then
 # full; the 3-second window binds from the third second on (16.7/s on average).
 RATES = (Rate.parse("20/second"), Rate.parse("50/3 seconds"))
+REFUSAL_PAUSE = 1.0  # StrictUpstream's Retry-After on a 429, seconds
 MIN_INTERVAL = 0.02
 DURATION = 5.0  # seconds of demand after the common start
 US = 1_000_000
@@ -416,6 +417,17 @@ class Outcome:
     over_within_promise: int = 0
     close_within_promise: int = 0
     unexcused_429s: int = 0
+    # An excused 429 pauses the key for every worker for its Retry-After, as the
+    # transports promise to: the schedule between the first slot and the last, less the
+    # time so paused (REFUSAL_PAUSE after each, merged), is what the run could use.
+    possible_unpaused: int = 0
+
+    @property
+    def use_promised(self) -> float:
+        """The slots used, and those booked by late wake-ups (left unused: under-use, as
+        the limiter promises), of the schedule the run could use (possible_unpaused)."""
+        possible = self.possible_unpaused or self.possible_by_slot
+        return (self.used + self.late_wakeups) / possible if possible else 0.0
 
     @property
     def use_by_slot(self) -> float:
@@ -432,7 +444,9 @@ class Outcome:
             f"{self.over_by_arrival} over-limit windows by arrival ({self.over_within_promise} "
             f"within the promise), {self.stalled} stalled after release, "
             f"{self.late_wakeups} late wake-ups, utilisation by slot "
-            f"{self.use_by_slot:.1%} ({self.used}/{self.possible_by_slot}), arrival - slot "
+            f"{self.use_by_slot:.1%} ({self.used}/{self.possible_by_slot}; with late "
+            f"wake-ups, out of the time not paused by 429s: {self.use_promised:.1%}), "
+            "arrival - slot "
             f"p50 {quantile(self.lateness, 0.5) * 1000:.1f} ms, "
             f"max {max(self.lateness, default=0.0) * 1000:.1f} ms (of it at most: waking "
             f"{max(self.waking, default=0.0) * 1000:.1f}, preparing "
@@ -478,6 +492,17 @@ def judge(
     admitted = [a.wall for a in arrivals if a.status == 200]
     paired = [(a, calls[a.slot_us]) for a in arrivals if a.slot_us in calls]
     promise = _within_promise(setup, arrivals, calls)
+    # The pauses the excused 429s cause (Retry-After: REFUSAL_PAUSE), merged, within the
+    # span of the slots.
+    paused, until = 0.0, -math.inf
+    first, last = (slots[0] / US, slots[-1] / US) if slots else (0.0, 0.0)
+    for a in arrivals:
+        if a.status == 429:
+            start, end = max(a.wall, until, first), min(a.wall + REFUSAL_PAUSE, last)
+            paused += max(0.0, end - start)
+            until = max(until, a.wall + REFUSAL_PAUSE)
+    span = last - first if slots else None
+    unpaused = _possible(setup, None if span is None else max(0.0, span - paused))
     return Outcome(
         scenario=scenario.name,
         store=store,
@@ -498,6 +523,7 @@ def judge(
         waking=tuple(sorted(call.returned - call.slot_us / US for _, call in paired)),
         preparing=tuple(sorted(call.sent - call.returned for _, call in paired)),
         in_flight=tuple(sorted(a.wall - call.sent for a, call in paired)),
+        possible_unpaused=unpaused,
         **promise,
     )
 

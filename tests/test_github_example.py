@@ -15,7 +15,6 @@ from types import ModuleType
 import pytest
 
 from throttle_client import MemoryBackend, RedisBackend
-from throttle_client._limiter import DEFAULT_MARGIN
 
 # The second tier (pytest -m slow): see pyproject.toml.
 pytestmark = pytest.mark.slow
@@ -34,6 +33,11 @@ def load_example() -> ModuleType:
 
 example = load_example()
 
+# The limiters' margin, and so how late after its slot a request may reach the API (which
+# forgives that, and 15 ms of its own): 16 client threads and the API share one process,
+# and a machine whose other core is busy holds a request up for tens of ms at times.
+MARGIN = 0.1
+
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_fleet_keeps_every_rule_and_each_binds(store: str, request: pytest.FixtureRequest):
@@ -42,7 +46,7 @@ def test_fleet_keeps_every_rule_and_each_binds(store: str, request: pytest.Fixtu
     else:
         backend = RedisBackend(request.getfixturevalue("redis_url"))
     rules = example.SCALE
-    report = example.run_fleet(backend, tokens=2)
+    report = example.run_fleet(backend, tokens=2, margin=MARGIN)
     if store == "redis":
         backend.close()
 
@@ -58,18 +62,25 @@ def test_fleet_keeps_every_rule_and_each_binds(store: str, request: pytest.Fixtu
         # its margin. An arrival lags its slot by up to the margin (and the API's stamp
         # by some ms more), so the 60 calls that made the 61st wait arrived within the
         # hour plus twice the margin; a strict hour of arrivals may hold only 59.
-        loose = rules.hourly.period + 2 * DEFAULT_MARGIN + 0.01
+        loose = rules.hourly.period + 2 * MARGIN + 0.01
         reached = example.peak([(t, 1) for t in token.arrivals], loose)
         assert reached >= rules.hourly.limit, (name, token, reached)
-        # A write costs 5: a window may end up to 4 points short of a full one.
+        # A write costs 5: a window may end up to 4 points short of a full one. Not passed
+        # as the API counts (its windows forgive an arrival early by its tolerance, as
+        # it answered: no 429): a request that a busy machine holds up between the limiter
+        # and the API may share a strict second with the next one's points.
         floor = rules.points.limit - rules.write_cost + 1
-        assert floor <= token.peak_points <= rules.points.limit, (name, token)
+        assert floor <= token.peak_points, (name, token)
+        assert token.peak_points_counted <= rules.points.limit, (name, token)
         # Writes spaced by the gap, and no more than the limiter's margin beyond it:
         # they queued for it. (Their slots are the gap plus the margin apart; the API
         # stamps an arrival in this very process, beside 16 client threads, so a stamp
         # may lag its request by some ms on a loaded 2-core machine: 10 ms are allowed.)
         assert token.min_write_gap is not None, (name, token)
-        assert rules.write_gap - 0.01 <= token.min_write_gap < rules.write_gap + 0.1, (name, token)
+        assert rules.write_gap - 0.01 <= token.min_write_gap < rules.write_gap + MARGIN + 0.1, (
+            name,
+            token,
+        )
     # The hour binds: the calls beyond its 60 waited for the first ones to leave it.
     assert report.elapsed >= rules.hourly.period, report
 
