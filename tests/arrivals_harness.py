@@ -417,9 +417,9 @@ class Outcome:
     over_within_promise: int = 0
     close_within_promise: int = 0
     unexcused_429s: int = 0
-    # An excused 429 pauses the key for every worker for its Retry-After, as the
-    # transports promise to: the schedule between the first slot and the last, less the
-    # time so paused (REFUSAL_PAUSE after each, merged), is what the run could use.
+    # A 429 pauses the key for every worker for its Retry-After, as the transports
+    # promise to: the schedule between the first slot and the last, less the time so
+    # paused (REFUSAL_PAUSE after each, merged), is what the run could use.
     possible_unpaused: int = 0
 
     @property
@@ -492,8 +492,8 @@ def judge(
     admitted = [a.wall for a in arrivals if a.status == 200]
     paired = [(a, calls[a.slot_us]) for a in arrivals if a.slot_us in calls]
     promise = _within_promise(setup, arrivals, calls)
-    # The pauses the excused 429s cause (Retry-After: REFUSAL_PAUSE), merged, within the
-    # span of the slots.
+    # The pauses the 429s cause (Retry-After: REFUSAL_PAUSE), merged, within the span of
+    # the slots. (Every 429 pauses the key; a run with a 429 not excused fails anyway.)
     paused, until = 0.0, -math.inf
     first, last = (slots[0] / US, slots[-1] / US) if slots else (0.0, 0.0)
     for a in arrivals:

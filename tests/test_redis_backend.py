@@ -629,6 +629,30 @@ def test_a_user_who_may_not_call_functions_gets_the_script(redis7: RedisServer) 
     admin.close()
 
 
+def test_a_user_who_may_call_but_not_load_functions_calls_the_loaded_library(
+    redis7: RedisServer,
+) -> None:
+    """An operator loaded the library; the workers' user has +fcall, not +function|load:
+    a new connection's load is refused (NOPERM), and the calls stay FCALLs."""
+    from throttle_client._backends.redis import LIBRARY
+
+    admin = redis.Redis.from_url(redis7.url)
+    admin.flushall()
+    admin.function_flush()
+    admin.function_load(LIBRARY)
+    script_user(admin, "fcall-only")
+    admin.acl_setuser("fcall-only", enabled=True, commands=["+fcall"])
+    admin.config_resetstat()
+    url = redis7.url.replace("redis://", "redis://fcall-only:pw@")
+    with RedisBackend(url) as backend:
+        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    calls = script_calls(admin)
+    assert calls["fcall"] == 3 and calls["evalsha"] == 0
+    admin.acl_deluser("fcall-only")
+    admin.close()
+
+
 def test_the_documented_acl_with_its_redis_7_line_runs_functions(redis7: RedisServer) -> None:
     lines = re.findall(r"^ACL SETUSER .+$", (ROOT / "README.md").read_text(), re.MULTILINE)
     assert len(lines) == 2 and lines[1].split()[3:] == ["+fcall", "+function|load"]

@@ -44,15 +44,20 @@ if _typing.TYPE_CHECKING:
 __version__ = "0.2.0"
 
 
-def __getattr__(name: str) -> _typing.Any:
-    # The Redis backends load redis-py (~80 ms, and its memory): a worker on memory or
-    # SQLite never pays for it; the first use of either name imports them.
-    if name in ("AsyncRedisBackend", "RedisBackend"):
-        from ._backends import redis
+if not _typing.TYPE_CHECKING:  # (type checkers see the imports above, and any typo)
 
-        globals()[name] = value = getattr(redis, name)
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> _typing.Any:
+        # The Redis backends load redis-py (~80 ms, and its memory): a worker on memory or
+        # SQLite never pays for it; the first use of either name imports them.
+        if name in ("AsyncRedisBackend", "RedisBackend"):
+            from ._backends import redis
+
+            globals()[name] = value = getattr(redis, name)
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -780,7 +780,7 @@ class _LimiterCore:
                 else:
                     clock = self._observe(from_store, asked, now, snap.now_us)
                     rtt = now - asked
-                    late = self._late_by(clock, slot, now, True, margin)
+                    late = self._late_by(clock, slot, now, rebook_if_unsure, margin)
                 cold = False
             if late <= margin:
                 if self._listeners:

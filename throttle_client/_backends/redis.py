@@ -606,11 +606,20 @@ def _open_flow(calls: _Calls) -> Generator[_Command, Any, None]:
     steps = (load, ("config_get", ("maxmemory*",))) if check else (load,)
     try:
         replies = yield _Command("pipeline", steps)
-    except DRIVER_ERRORS as exc:
+    except BaseException as exc:
         if check:
             calls.memory_checked.release()  # (asked again by the next call that succeeds)
-        raise translate(exc) from exc
-    if isinstance(replies[0], rx.RedisError) and _no_functions(replies[0]):
+        if isinstance(exc, DRIVER_ERRORS):
+            raise translate(exc) from exc
+        raise
+    refused = replies[0]
+    # A server without functions (Redis 6.2) goes to EVALSHA for good; a user who may not
+    # load a library (NOPERM) may still call one an operator loaded: the FCALL decides.
+    if (
+        isinstance(refused, rx.RedisError)
+        and not isinstance(refused, rx.NoPermissionError)
+        and _no_functions(refused)
+    ):
         calls.functions = False
     if check and not isinstance(replies[1], Exception):
         warn_if_evicting(replies[1])  # (refused, NOPERM or CONFIG renamed: silent)
