@@ -613,19 +613,25 @@ def test_redis_7_runs_the_script_as_a_function_and_survives_a_flush(redis7: Redi
     client.close()
 
 
+def three_calls_as(server: RedisServer, admin: redis.Redis, user: str) -> dict[str, int]:
+    """Three try_acquires of a 2/second limiter as ``user`` (password ``pw``), which the
+    caller made: the script calls they took (script_calls), the user deleted after."""
+    admin.config_resetstat()
+    url = server.url.replace("redis://", f"redis://{user}:pw@")
+    with RedisBackend(url) as backend:
+        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
+        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
+    admin.acl_deluser(user)
+    return script_calls(admin)
+
+
 def test_a_user_who_may_not_call_functions_gets_the_script(redis7: RedisServer) -> None:
     """An ACL written for EVALSHA (the README's list before functions) keeps working."""
     admin = redis.Redis.from_url(redis7.url)
     admin.flushall()
     script_user(admin, "evalsha-only")
-    admin.config_resetstat()
-    url = redis7.url.replace("redis://", "redis://evalsha-only:pw@")
-    with RedisBackend(url) as backend:
-        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
-        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
-    calls = script_calls(admin)
+    calls = three_calls_as(redis7, admin, "evalsha-only")
     assert calls["evalsha"] >= 3 and calls["fcall"] == 0  # refused before it ran: no call
-    admin.acl_deluser("evalsha-only")
     admin.close()
 
 
@@ -642,14 +648,8 @@ def test_a_user_who_may_call_but_not_load_functions_calls_the_loaded_library(
     admin.function_load(LIBRARY)
     script_user(admin, "fcall-only")
     admin.acl_setuser("fcall-only", enabled=True, commands=["+fcall"])
-    admin.config_resetstat()
-    url = redis7.url.replace("redis://", "redis://fcall-only:pw@")
-    with RedisBackend(url) as backend:
-        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
-        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
-    calls = script_calls(admin)
+    calls = three_calls_as(redis7, admin, "fcall-only")
     assert calls["fcall"] == 3 and calls["evalsha"] == 0
-    admin.acl_deluser("fcall-only")
     admin.close()
 
 
@@ -662,15 +662,9 @@ def test_the_documented_acl_with_its_redis_7_line_runs_functions(redis7: RedisSe
     for line in lines:
         user, *rules = line.split()[2:]
         admin.execute_command("ACL", "SETUSER", user, *(">pw" if r[0] == ">" else r for r in rules))
-    admin.config_resetstat()
-    url = redis7.url.replace("redis://", f"redis://{user}:pw@")
-    with RedisBackend(url) as backend:
-        limiter = Limiter(backend, margin=0, rates=["2/second"], clock=FakeClock())
-        assert [limiter.try_acquire(TOKEN).allowed for _ in range(3)] == [True, True, False]
-    calls = script_calls(admin)
+    calls = three_calls_as(redis7, admin, user)
     # The connection opened with the library loaded (no FCALL), then 3 decisions.
     assert calls["fcall"] == 3 and calls["function|load"] == 1 and calls["evalsha"] == 0
-    admin.acl_deluser(user)
     admin.close()
 
 
