@@ -732,15 +732,9 @@ class _LimiterCore:
                         slept += wake - now
                         now = yield Sleep(wake - now)
                     asked = now
-                    try:
-                        snap, from_store, now = yield from self._ask_flow(
-                            self._inspect_op(op.key, now), now
-                        )
-                    except BackendUnavailable:  # the store went away: the slot stands
-                        now = yield ReadClock()
-                    else:
-                        clock = self._observe(from_store, asked, now, snap.now_us)
-                        rtt = now - asked
+                    snap, seen, now = yield from self._look_flow(op.key, now)
+                    if snap is not None and seen is not None:  # (None: the slot stands)
+                        clock, rtt = seen, now - asked
                         # (A pause that ends by the slot is one the call was booked after.)
                         if recheck_pause and snap.pause_until_us > verdict.slot_us:
                             log.debug("paused while it slept; queueing again")
@@ -771,15 +765,9 @@ class _LimiterCore:
                 # open connection says more, before the call books again (and spends a
                 # slot) for what may have been only its connection's set-up.
                 asked = now
-                try:
-                    snap, from_store, now = yield from self._ask_flow(
-                        self._inspect_op(op.key, now), now
-                    )
-                except BackendUnavailable:
-                    now = yield ReadClock()
-                else:
-                    clock = self._observe(from_store, asked, now, snap.now_us)
-                    rtt = now - asked
+                _, seen, now = yield from self._look_flow(op.key, now)
+                if seen is not None:
+                    clock, rtt = seen, now - asked
                     late = self._late_by(clock, slot, now, rebook_if_unsure, margin)
                 cold = False
             if late <= margin:
@@ -1180,6 +1168,20 @@ class _LimiterCore:
         yield from self._execute_flow(self._reset_op(key, now), now)
         self._upstream.pop(self.store_key(key), None)
         self._lives.forget(self.store_key(key))
+
+    def _look_flow(
+        self, store_key: str, now: float
+    ) -> Flow[tuple[Snapshot | None, StoreClock | None, float]]:
+        """A look at the key (Inspect) from local time ``now``: its snapshot, the clock the
+        answer refined, and the local time after; (None, None, time) if the store went
+        away meanwhile (what the call booked then stands)."""
+        asked = now
+        try:
+            snap, from_store, now = yield from self._ask_flow(self._inspect_op(store_key, now), now)
+        except BackendUnavailable:
+            after: float = yield ReadClock()
+            return None, None, after
+        return snap, self._observe(from_store, asked, now, snap.now_us), now
 
     def _observe(
         self, from_store: bool, sent: float, now: float, store_now_us: int, timed: bool = True
