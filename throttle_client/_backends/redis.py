@@ -625,6 +625,15 @@ def _open_flow(calls: _Calls) -> Generator[_Command, Any, None]:
         warn_if_evicting(replies[1])  # (refused, NOPERM or CONFIG renamed: silent)
 
 
+def _queued(runner: Any, steps: tuple[tuple[str, tuple[Any, ...]], ...]) -> Any:
+    """A pipeline (no MULTI) of a "pipeline" step's commands, for either client to send:
+    the sync one's execute() answers, the asyncio one's is awaited."""
+    pipe = runner.pipeline(transaction=False)
+    for name, args in steps:
+        getattr(pipe, name)(*args)
+    return pipe
+
+
 def _one_slot(store_keys: list[str]) -> None:
     """On a Cluster one script reaches the keys of one hash slot only: refuse the others
     here, with what to do, rather than let the server answer CROSSSLOT."""
@@ -746,10 +755,7 @@ class RedisBackend(Backend):
         # Connecting a Cluster URL's client may fail too: the flow translates it.
         runner = self._runner or self._connect()
         if step.name == "pipeline":
-            pipe = runner.pipeline(transaction=False)
-            for name, args in step.args:
-                getattr(pipe, name)(*args)
-            return pipe.execute(raise_on_error=False)
+            return _queued(runner, step.args).execute(raise_on_error=False)
         return getattr(runner, step.name)(*step.args)
 
     @functools.cached_property
@@ -916,10 +922,7 @@ class AsyncRedisBackend(AsyncBackend):
         if isinstance(step, Wait):
             return await step.waker
         if step.name == "pipeline":
-            pipe = self._runner.pipeline(transaction=False)
-            for name, args in step.args:
-                getattr(pipe, name)(*args)
-            return await pipe.execute(raise_on_error=False)
+            return await _queued(self._runner, step.args).execute(raise_on_error=False)
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
