@@ -384,9 +384,9 @@ def render(
         ours = p50["tc try_acquire"]
         verdicts = [
             f"{ours / p50['floor']:.2f}x the floor (target <= 1.10x: "
-            f"{'met' if ours <= 1.10 * p50['floor'] else 'MISSED'})",
+            f"{'met' if ours <= 1.10 * p50['floor'] else 'not met'})",
             *(
-                f"{'no slower' if ours <= p50[peer] else 'SLOWER'} than {peer}"
+                f"{'no slower' if ours <= p50[peer] else 'slower'} than {peer}"
                 for peer in ("limits", "pyrate")
             ),
         ]
@@ -406,7 +406,7 @@ def render(
     ours, peer = server["tc 2 rates+gap"]["script_us"], server["limits"]["script_us"]
     lines.append(
         f"target: tc 2 rates+gap's script time is {ours / peer:.2f}x limits' moving window "
-        f"(target <= 1.00x: {'met' if ours <= peer else 'MISSED'})"
+        f"(target <= 1.00x: {'met' if ours <= peer else 'not met'})"
     )
     lines.append("")
     lines.append(

@@ -64,7 +64,7 @@ def test_the_upstream_never_counts_too_many(
 
 def min_use(store_fixture: str, scenario: str) -> float:
     # 200 threads or 1000 tasks of one process on one SQLite file use 89-100 % of the
-    # schedule from run to run on a 2-core machine (never more than the quota): the
+    # schedule from run to run on two cores (never more than the quota): the
     # writes of one file queue behind each other. 95 % everywhere else.
     shared_sqlite = store_fixture == "sqlite_store" and scenario in ("threads", "tasks")
     return 0.85 if shared_sqlite else MIN_USE
