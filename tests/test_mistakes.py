@@ -181,7 +181,8 @@ def test_a_cold_call_whose_set_up_outlasts_the_margin_looks_before_it_books_agai
         backend = RedisBackend(proxy.url)
         limiter = Limiter(backend, rates=["100/hour"], margin=0.5)
         decision = limiter.acquire("k")
-        booked = limiter.usage("k").rates[0].used + limiter.usage("k").rates[0].booked
+        usage = limiter.usage("k").rates[0]
+        booked = usage.used + usage.booked
         backend.close()
     assert decision.allowed and decision.late_wakeups == 0
     assert booked == 1
