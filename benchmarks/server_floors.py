@@ -29,6 +29,7 @@ import platform
 import redis
 
 from throttle_client import Limiter, Rate, RedisBackend
+from throttle_client._acquiring import acquire_op
 from throttle_client.testing import RedisServer
 
 HIGH = 10**9
@@ -126,7 +127,7 @@ def main() -> None:
         )
         from throttle_client._backends.redis import encode
 
-        keys, args = encode(limiter._acquire_op("token", 1, 0, 0.0))
+        keys, args = encode(acquire_op(limiter, "token", 1, 0, 0.0))
         ids = iter(range(10**9))
 
         def script(source: str) -> object:

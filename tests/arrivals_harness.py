@@ -49,14 +49,13 @@ from tests.contention_worker import StoreSpec, make_backend
 from throttle_client import (
     AsyncLimiter,
     AsyncThrottledClient,
-    Decision,
+    Event,
     Limiter,
     Rate,
     RetryPolicy,
     ThrottledClient,
     ThrottleTimeout,
 )
-from throttle_client._flow import Flow
 from throttle_client.cli.demo import most_calls
 from throttle_client.cli.upstream import StrictUpstream
 
@@ -185,41 +184,28 @@ def _serve(conn: Connection, rates: tuple[Rate, ...], gap: float) -> None:
 # -- the client processes ---------------------------------------------------------------------
 
 # The slot of the request the current thread or task is about to send: set by the
-# recording limiter, read by the inner transport (threads and tasks each have their own).
+# recorder (the limiter's "admitted" event, sent in the thread or task that made the
+# call), read by the inner transport (threads and tasks each have their own).
 _slot: contextvars.ContextVar[int] = contextvars.ContextVar("slot")
 
 
-class _Recording:
-    """What both recording limiters add: keep each decision of the crawl's token (not
-    the warm-up's), book nothing past the end."""
+def _record(limiter: Limiter | AsyncLimiter, token: str, calls: dict[int, Call]) -> None:
+    """Keep each admitted call of the crawl's token (not the warm-up's) in ``calls``."""
+    label = limiter.label(token)
 
-    token: str
-    calls: dict[int, Call]
-    deadline = math.inf  # time.monotonic()
-
-    def _until_deadline(self, timeout: Any) -> float:
-        left = max(0.0, self.deadline - time.monotonic())
-        return left if timeout is None else min(timeout, left)
-
-    def _send_flow(
-        self, key: str, cost: int, timeout: Any, now: float, also: Any = ()
-    ) -> Flow[Decision]:
-        """What the transports run before each request, in both worlds."""
-        flow = super()._send_flow(key, cost, self._until_deadline(timeout), now, also)  # type: ignore[misc]
-        decision: Decision = yield from flow
-        if key == self.token:
-            slot_us = round(decision.slot * US)
-            self.calls[slot_us] = Call(slot_us, time.time())
+    def admitted(event: Event) -> None:
+        if event.kind == "admitted" and event.key == label:
+            slot_us = round(event.slot * US)
+            calls[slot_us] = Call(slot_us, time.time())
             _slot.set(slot_us)
-        return decision
+
+    limiter.listen(admitted)
 
 
-class RecordingLimiter(_Recording, Limiter):
-    pass
-
-
-class AsyncRecordingLimiter(_Recording, AsyncLimiter):
-    pass
+def _until(deadline: float) -> dict[str, Any]:
+    """A request's extensions that book nothing past the end: a requester whose next slot
+    lies past it stops (ThrottleTimeout)."""
+    return {"acquire_timeout": max(0.0, deadline - time.monotonic())}
 
 
 def _stamp(request: httpx.Request, calls: dict[int, Call]) -> None:
@@ -279,8 +265,8 @@ def _sync_client(
     setup: Setup, index: int, threads: int, barrier: Any, report: ClientReport
 ) -> None:
     backend = make_backend(StoreSpec(setup.store), asynchronous=False)
-    limiter = RecordingLimiter(backend, **_limiter_args(setup))
-    limiter.token, limiter.calls = setup.token, report.calls
+    limiter = Limiter(backend, **_limiter_args(setup))
+    _record(limiter, setup.token, report.calls)
     errors: list[str] = []
     transport = _StampingTransport(report.calls)
     with ThrottledClient(limiter, transport=transport, **_client_args(setup)) as client:
@@ -290,12 +276,12 @@ def _sync_client(
         limiter.usage(setup.token)
         client.get("/warm-up", headers=_warm_up_headers(setup, index))
         barrier.wait(timeout=120)
-        limiter.deadline = time.monotonic() + setup.duration
+        deadline = time.monotonic() + setup.duration
 
         def fetch() -> None:
             try:
-                while time.monotonic() < limiter.deadline:
-                    client.get("/items")
+                while time.monotonic() < deadline:
+                    client.get("/items", extensions=_until(deadline))
             except ThrottleTimeout:
                 pass  # its next slot lies past the end: this requester is done
             except Exception:
@@ -315,20 +301,20 @@ async def _async_client(
     setup: Setup, index: int, tasks: int, barrier: Any, report: ClientReport
 ) -> None:
     backend = make_backend(StoreSpec(setup.store), asynchronous=True)
-    limiter = AsyncRecordingLimiter(backend, **_limiter_args(setup))
-    limiter.token, limiter.calls = setup.token, report.calls
+    limiter = AsyncLimiter(backend, **_limiter_args(setup))
+    _record(limiter, setup.token, report.calls)
     transport = _AsyncStampingTransport(report.calls)
     async with AsyncThrottledClient(limiter, transport=transport, **_client_args(setup)) as client:
         # As many connections as the tasks will use at once (the pool's size at most).
         await asyncio.gather(*(limiter.usage(setup.token) for _ in range(min(tasks, 64))))
         await client.get("/warm-up", headers=_warm_up_headers(setup, index))
         barrier.wait(timeout=120)  # blocking the loop is harmless: no task runs yet
-        limiter.deadline = time.monotonic() + setup.duration
+        deadline = time.monotonic() + setup.duration
 
         async def fetch() -> None:
             try:
-                while time.monotonic() < limiter.deadline:
-                    await client.get("/items")
+                while time.monotonic() < deadline:
+                    await client.get("/items", extensions=_until(deadline))
             except ThrottleTimeout:
                 pass
 

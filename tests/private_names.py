@@ -14,8 +14,8 @@ It watches what runs, not what the source says:
   or a name of ``throttle_client`` outside ``__all__`` (a private name taken from a
   module is a read of the module's attribute, above);
 - the library reading a private attribute that a class of the command defines: an
-  override of a private hook (``Limiter._send_flow`` wrapped in a subclass), which the
-  override's own ``super()._send_flow(...)`` would not show.
+  override of a private hook (``Limiter._perform`` wrapped in a subclass), which the
+  override's own ``super()._perform(...)`` would not show.
 
 ``install(report)`` starts it and returns the function that stops it; what it finds is
 appended to ``found`` and, one line each, to the file ``report``. Set

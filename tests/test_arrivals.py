@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests import arrivals_harness as harness
-from throttle_client._limiter import DEFAULT_MARGIN
+from throttle_client._config import DEFAULT_MARGIN
 
 # The second tier (pytest -m slow): see pyproject.toml.
 pytestmark = pytest.mark.slow

@@ -114,7 +114,7 @@ async def test_async_redis_backend_execute_is_a_deprecated_name_for_aexecute(
 ) -> None:
     async with AsyncRedisBackend(redis_url) as backend:
         limiter = AsyncLimiter(backend, rates=["5/second"])
-        op = limiter._inspect_op("k", limiter._local())
+        op = limiter._plan.inspect("k", limiter._local())
         with pytest.warns(DeprecationWarning, match="use aexecute"):
             snapshot = await backend.execute(op)
         assert snapshot.used == (0,)

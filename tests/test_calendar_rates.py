@@ -255,7 +255,7 @@ def test_a_store_clock_outside_the_windows_given_is_asked_again(
     limiter = Limiter(
         MemoryBackend(), rates=[Rate(1, "day", tz="UTC")], clock=clock, sleep=clock.sleep
     )
-    monkeypatch.setattr(limiter, "_store_time_us", lambda now: round((now + 2 * HOUR) * 1e6))
+    monkeypatch.setattr(limiter._pacing, "store_time_us", lambda now: round((now + 2 * HOUR) * 1e6))
     calls = store_calls(limiter)
     first = limiter.acquire("k")
     assert first.slot == clock()

@@ -186,7 +186,7 @@ def test_a_label_error_carries_nothing_of_the_first() -> None:
     assert raised.value.__cause__ is None and raised.value.__context__ is None
     # A card whose label is not known here (past the keys a limiter remembers) is not
     # written: it would erase the label another worker wrote.
-    assert limiter._card_of("default:{never-asked}") == ()
+    assert limiter._plan.card_of("default:{never-asked}") == ()
 
 
 def test_a_label_of_none_is_the_hashs_label() -> None:

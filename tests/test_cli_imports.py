@@ -145,8 +145,8 @@ from throttle_client import hashed_key
 
 
 class Watched(Limiter):
-    def _send_flow(self, *args, **kwargs):
-        return (yield from super()._send_flow(*args, **kwargs))
+    def _perform(self, step):
+        return super()._perform(step)
 
 
 upstream = httpx.MockTransport(lambda request: httpx.Response(200))
@@ -175,7 +175,7 @@ def test_the_guard_finds_each_way_to_a_private_name(monkeypatch: pytest.MonkeyPa
         "imports throttle_client._keys",
         "reads throttle_client._rate",
         "imports hashed_key from throttle_client, which is not in its __all__",
-        "the library reads _send_flow, which the command's Watched defines over the library's own",
+        "the library reads _perform, which the command's Watched defines over the library's own",
     ]
     assert private_names.found[0].startswith("throttle_client.cli.probe:")
 

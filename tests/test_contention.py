@@ -29,7 +29,7 @@ import pytest
 
 from tests import contention_worker as worker
 from throttle_client import Rate
-from throttle_client._limiter import DEFAULT_MARGIN
+from throttle_client._config import DEFAULT_MARGIN
 
 RATES = ((20, 1.0), (50, 3.0))  # (limit, period seconds)
 MIN_INTERVAL = 0.02

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import throttle_client._limiter
+import throttle_client._core
 from throttle_client import (
     AsyncLimiter,
     AsyncRedisBackend,
@@ -161,7 +161,7 @@ def test_no_listener_no_event_made(world: World, monkeypatch: pytest.MonkeyPatch
     def no(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("an Event was made with nobody listening")
 
-    monkeypatch.setattr(throttle_client._limiter, "Event", no)
+    monkeypatch.setattr(throttle_client._core, "Event", no)
     limiter = world.limiter("1/second")
     world.run(limiter.acquire(TOKEN))
     assert not world.run(limiter.try_acquire(TOKEN)).allowed

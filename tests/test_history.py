@@ -26,6 +26,7 @@ from throttle_client import (
     RedisBackend,
     SQLiteBackend,
 )
+from throttle_client._acquiring import acquire_op
 from throttle_client._backends.base import Acquire
 from throttle_client._backends.history import HistorySpec
 from throttle_client._history import Offsets
@@ -101,7 +102,7 @@ def test_every_store_counts_local_hours_days_and_months_alike(store: Backend) ->
 
 def test_a_retried_call_is_counted_once(store: Backend) -> None:
     limiter = Limiter(store, rates="10/second", clock=FakeClock(), namespace="r", history=True)
-    op = limiter._acquire_op(TOKEN, 1, 0, limiter._local())
+    op = acquire_op(limiter, TOKEN, 1, 0, limiter._local())
     assert isinstance(op, Acquire) and op.history
     first, again = store.execute(op), store.execute(op)  # same call id: found, not booked
     assert first.allowed and again.slot_us == first.slot_us
@@ -212,9 +213,9 @@ def test_spec_names_the_offset_in_force() -> None:
     winter = dt.datetime(2026, 1, 15, 12, tzinfo=dt.timezone.utc).timestamp()
     summer = dt.datetime(2026, 7, 15, 12, tzinfo=dt.timezone.utc).timestamp()
     hour = 3_600_000_000
-    assert limiter._offsets.at(round(winter * 1e6)) == -8 * hour
-    assert limiter._offsets.at(round(summer * 1e6)) == -7 * hour
-    assert isinstance(limiter._history_of("k")[0], HistorySpec)
+    assert limiter._plan._offsets.at(round(winter * 1e6)) == -8 * hour
+    assert limiter._plan._offsets.at(round(summer * 1e6)) == -7 * hour
+    assert isinstance(limiter._plan.history_of("k")[0], HistorySpec)
 
 
 def test_an_offset_that_changes_on_a_half_hour_is_seen_at_once() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
-from throttle_client._limiter import DEFAULT_MARGIN
+from throttle_client._config import DEFAULT_MARGIN
 from throttle_client.cli.upstream import StrictUpstream
 
 from .workers import start_together

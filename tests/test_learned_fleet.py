@@ -45,7 +45,7 @@ TOKEN = "shared-token"
 # The upstream's quota: LIMIT requests per fixed window of WINDOW seconds. Each window
 # the fleet stops short of it by about the requests in flight plus its rate x margin: a
 # learned limit counts slots from the answered request's slot less the margin (see
-# Limiter._learn_flow), so requests that reached the upstream within the margin before
+# _learning.learn_flow), so requests that reached the upstream within the margin before
 # that request are counted twice. Here: 8 in flight plus ~1000 requests/s x 25 ms, about
 # 30 a window whatever the limit: 4 % of 750, but 10 % of 300 (measured: 89.8 % at 300
 # per 1 s). 750 per 1.5 s leaves the fleet (about 1000 requests/s on 2 CPUs) half a

@@ -24,6 +24,7 @@ from throttle_client import (
     RedisBackend,
     ThrottledClient,
 )
+from throttle_client._acquiring import send_flow
 from throttle_client._backends.base import Inspect, Learn, Quota
 from throttle_client._backends.redis import redis_keys
 from throttle_client._feedback import read_quota_view
@@ -575,5 +576,5 @@ def test_an_admission_by_local_fallback_carries_no_mark(own_redis: RedisServer) 
         on_unavailable=LocalFallback(expected_workers=2),
     )
     own_redis.close()
-    decision = run(limiter._send_flow("t", 1, None, limiter._local()), limiter._perform)
+    decision = run(send_flow(limiter, "t", 1, None, limiter._local()), limiter._perform)
     assert decision.allowed and decision._mark == -1

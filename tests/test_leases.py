@@ -209,7 +209,7 @@ def test_a_full_cap_refuses_a_call_that_may_not_wait_and_a_release_makes_room(
 def test_a_waiter_times_out_and_leaves_no_ticket_behind(make_limiter: Any) -> None:
     limiter = make_limiter(rates=["100/second"], max_concurrent=1, lease_ttl=10)
     holder, _ = _enter(limiter, "k")
-    clock = limiter._clock
+    clock = limiter._config.clock
     started = clock()
     with pytest.raises(ThrottleTimeout):
         _enter(limiter, "k", timeout=2)
@@ -221,9 +221,9 @@ def test_a_waiter_times_out_and_leaves_no_ticket_behind(make_limiter: Any) -> No
 
 def test_a_lease_nobody_renews_expires_and_its_room_goes_to_the_next(make_limiter: Any) -> None:
     limiter = make_limiter(rates=["100/second"], max_concurrent=1, lease_ttl=3)
-    limiter._clock.advance(0)
+    limiter._config.clock.advance(0)
     _enter(limiter, "k")  # held, and never renewed: the fake clock jumps past its TTL
-    limiter._clock.advance(3.5)
+    limiter._config.clock.advance(3.5)
     _, decision = _enter(limiter, "k", timeout=0)
     assert decision.allowed
 
@@ -449,7 +449,7 @@ def test_a_lease_is_held_through_the_sleep_to_its_slot(make_limiter: Any) -> Non
     limiter = make_limiter(rates=["1/10s"], max_concurrent=1, lease_ttl=5)
     _leave(limiter, _enter(limiter, "k")[0])
     sleeper, _ = _enter(limiter, "k")  # its slot is 10 s ahead: it sleeps there, holding
-    limiter._clock.advance(1)  # 1 s into its call: its lease lasts until slot + TTL
+    limiter._config.clock.advance(1)  # 1 s into its call: its lease lasts until slot + TTL
     with pytest.raises(ThrottleTimeout):
         _enter(limiter, "k", timeout=0)
     _leave(limiter, sleeper)

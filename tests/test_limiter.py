@@ -40,7 +40,7 @@ class StillClock(FakeClock):
 
 def twin(limiter: Any, **options: Any) -> Any:
     """Another holder of the same store (another worker), with its own settings."""
-    clock = limiter._clock
+    clock = limiter._config.clock
     options.setdefault("rates", limiter.rates)
     options.setdefault("clock", clock)
     if isinstance(limiter, SyncView):
@@ -366,6 +366,6 @@ def test_a_store_forgets_a_key_by_its_store_key_and_answers_a_ping(make_limiter:
     # Forgotten, as a worker that never saw it finds. (The store's forget() runs on the
     # host's clock, this limiter on a test's: to it the reset's marker is long gone, and
     # a key it booked on begun afresh would be one the store lost.)
-    newcomer = make_limiter(rates=["1/minute"], backend=store, clock=limiter._clock)
+    newcomer = make_limiter(rates=["1/minute"], backend=store, clock=limiter._config.clock)
     assert newcomer.try_acquire("k")
     assert not limiter.try_acquire("other")  # only that key

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from throttle_client import Backend, ConfigurationError, Limiter, MemoryBackend, ThrottledClient
-from throttle_client._limiter import MAX_REBOOKS, WARM_UP
+from throttle_client._acquiring import MAX_REBOOKS
+from throttle_client._pacing import WARM_UP
 from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock
 

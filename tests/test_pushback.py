@@ -23,6 +23,7 @@ from throttle_client import (
     ThrottledTransport,
 )
 from throttle_client._flow import run
+from throttle_client._key_flows import pause_flow
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_pushback_test_token_9d0e"
@@ -40,8 +41,8 @@ def told(store: Backend, keys: list[str]) -> dict[str, tuple[str | None, int]]:
 
 def upstream_pause(limiter: Limiter, key: str, seconds: float, reason: str, refused: bool) -> None:
     """What a transport does when the upstream pushes back (``_TransportCore.flow``)."""
-    flow = limiter._pause_flow(
-        key, seconds, limiter._local(), reason=reason, source="upstream", refused=refused
+    flow = pause_flow(
+        limiter, key, seconds, limiter._local(), reason=reason, source="upstream", refused=refused
     )
     run(flow, limiter._perform)
 

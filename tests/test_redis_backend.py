@@ -38,6 +38,7 @@ from throttle_client import (
     RedisBackend,
     ThrottleTimeout,
 )
+from throttle_client._acquiring import acquire_op
 from throttle_client._backends.redis import redis_keys
 from throttle_client.testing import FakeClock, RedisServer
 
@@ -259,14 +260,14 @@ def test_the_same_call_twice_books_once(backend: RedisBackend, client: redis.Red
     """What a driver retry after a lost reply does: the same Acquire, same call id."""
     clock = FakeClock()
     limiter = Limiter(backend, margin=0, rates=["5/second"], min_interval=0.1, clock=clock)
-    op = limiter._acquire_op(TOKEN, 3, -1, clock())
+    op = acquire_op(limiter, TOKEN, 3, -1, clock())
     first = backend.execute(op)
     again = backend.execute(op)
     assert first.allowed and again.allowed and first.slot_us == again.slot_us
     assert again.remaining == first.remaining == (2,)
     assert limiter.usage(TOKEN).rates[0].used == 3
     assert client.zcard(redis_keys(op.key)[0]) == 2  # one entry, and its call id
-    fresh = limiter._acquire_op(TOKEN, 1, -1, clock())  # a new call is a new entry
+    fresh = acquire_op(limiter, TOKEN, 1, -1, clock())  # a new call is a new entry
     assert backend.execute(fresh).slot_us == first.slot_us + 100_000
 
 
@@ -291,7 +292,7 @@ def test_a_retry_finds_its_slot_after_many_other_bookings(
     """The ids are kept for a time, not a number of calls: 500 bookings in between."""
     clock = FakeClock()
     limiter = Limiter(backend, margin=0, rates=["1000/second"], clock=clock)
-    op = limiter._acquire_op(TOKEN, 1, 0, clock())
+    op = acquire_op(limiter, TOKEN, 1, 0, clock())
     first = backend.execute(op)
     for _ in range(500):
         clock.advance(0.001)
@@ -310,7 +311,7 @@ def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
     slack) is shorter than the 5 s a retry may take: that key lives 5 s past the slot."""
     token = Limiter(backend, margin=0, rates=["10/second"])  # the server's clock: real TTLs
     account = Limiter(backend, margin=0, rates=["100/hour"], namespace="acct")
-    op = token._acquire_op(TOKEN, 1, 0, time.monotonic(), also=[(account, "account-42")])
+    op = acquire_op(token, TOKEN, 1, 0, time.monotonic(), also=[(account, "account-42")])
     assert op.now_us is None
     first = backend.execute(op)
     time.sleep(2.3)  # past the first key's 2 s, within the id's 5 s
@@ -323,7 +324,7 @@ def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
 def test_call_ids_go_once_no_retry_can_come(backend: RedisBackend, client: redis.Redis) -> None:
     clock = FakeClock()
     limiter = Limiter(backend, margin=0, rates=["5/hour"], clock=clock)
-    old = limiter._acquire_op(TOKEN, 1, 0, clock())
+    old = acquire_op(limiter, TOKEN, 1, 0, clock())
     assert backend.execute(old).allowed
     log = redis_keys(old.key)[0]
     clock.advance(10.5)  # the oldest id is past 2 x 5 s: the next booking drops the batch

@@ -18,6 +18,7 @@ from tests.handoff import handoff_seconds
 from tests.tls import make_certs, tls_redis_server
 from throttle_client import BackendError, BackendUnavailable, Limiter, RedisBackend
 from throttle_client._flow import run
+from throttle_client._key_flows import pause_flow
 from throttle_client._redis_server import free_port
 from throttle_client.testing import RedisServer
 
@@ -101,7 +102,7 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         )
         assert labelled.try_acquire("token").allowed
         told = {"reason": "Retry-After", "source": "upstream", "refused": True}
-        run(labelled._pause_flow("token", 30, labelled._local(), **told), labelled._perform)
+        run(pause_flow(labelled, "token", 30, labelled._local(), **told), labelled._perform)
         prefix = f"tc:{labelled.store_key('token')}:"
         assert json.loads(admin.get(prefix + "card"))["label"] == "acct 1"
         assert admin.hget(prefix + "pushback", "reason") == b"Retry-After"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from throttle_client import Limiter, SQLiteBackend
+from throttle_client._acquiring import charges
 from throttle_client._backends.base import AcquireAll
 
 KEY = "tok_live_8f3a9c2e51d04b7e"
@@ -146,7 +147,7 @@ def test_reset_forgets_the_holders_and_the_queue(tmp_path: Path) -> None:
     with limiter.lease(KEY):
         queued = limiter.backend.execute(
             AcquireAll(
-                limiter._charges(KEY, 1, (), 0.0), 10_000_000, "call", lease_id="elsewhere.call"
+                charges(limiter, KEY, 1, (), 0.0), 10_000_000, "call", lease_id="elsewhere.call"
             )
         )
         assert queued.waiting

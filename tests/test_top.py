@@ -18,6 +18,7 @@ from rich.console import Console
 
 from throttle_client import Backend, Limiter, MemoryBackend, Rate, RedisBackend, SQLiteBackend
 from throttle_client._flow import run
+from throttle_client._key_flows import pause_flow
 from throttle_client.cli import live, top
 
 TOKEN = "ghp_top_test_token_41b2"
@@ -164,7 +165,7 @@ def test_top_reads_only_the_namespace_asked_and_names_a_pause_by_its_setter(
         mine.try_acquire(TOKEN)
         # A 429's pause, then a longer one of the caller's: not "paused on Retry-After".
         told = {"reason": "Retry-After", "source": "upstream", "refused": True}
-        run(mine._pause_flow(TOKEN, 2, mine._local(), **told), mine._perform)
+        run(pause_flow(mine, TOKEN, 2, mine._local(), **told), mine._perform)
         mine.pause(TOKEN, 300)
         look = json.loads(
             cli(

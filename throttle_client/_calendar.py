@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ._backends.base import Windows
 from ._errors import ConfigurationError
 
 UNITS = ("minute", "hour", "day", "week", "month")
@@ -177,26 +176,3 @@ def _change_between(low: int, high: int, zone: ZoneInfo) -> int:
 # How many windows a decision is given after the one holding a time it is about: a
 # slot up to two whole windows further on needs no second round trip (docs/design.md).
 AHEAD = 3
-
-
-def windows_for(
-    window: CalendarWindow,
-    margin_us: int,
-    now_us: int,
-    around_us: tuple[int, ...] = (),
-    *,
-    bounded: bool = False,
-) -> Windows:
-    """What the store needs of ``window`` for a decision at store time ``now_us``: the
-    start of the window holding now, and from the windows holding now and each time of
-    ``around_us`` (times stale answers named), that one and ``AHEAD`` more. A bounded
-    rate's are named for the coarse log that counts them (base.Windows.name)."""
-    keep_from = window.bounds(now_us)[0]
-    spans: set[tuple[int, int]] = set()
-    for moment in (now_us, *around_us):
-        span = window.bounds(moment)
-        for _ in range(AHEAD + 1):
-            spans.add(span)
-            span = window.bounds(span[1])
-    name = f"{window.unit}/{window.tz}/{window.anchor_day}/{margin_us}" if bounded else ""
-    return Windows(keep_from, tuple(sorted(spans)), margin_us, name)

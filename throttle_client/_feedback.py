@@ -53,13 +53,15 @@ class Feedback:
 
     ``refused``: the upstream did not serve the request (429, or 503 with Retry-After),
     so it is worth retrying. ``pause``: seconds every worker should hold off the key,
-    or None. ``reason``: the header (or ``"backoff"``) the pause came from.
+    or None. ``reason``: the header (or ``"backoff"``) the pause came from. ``view``:
+    what the headers say of the quota, spent or not (read when asked for: ``quota=True``).
     """
 
     refused: bool
     pause: float | None
     reason: str
     problems: tuple[Problem, ...] = ()
+    view: QuotaView | None = None
 
 
 class _Malformed(ValueError):
@@ -215,6 +217,7 @@ def read_feedback(
     now: float,
     max_pause: float,
     fallback: float,
+    quota: bool = False,
 ) -> Feedback:
     """Read a response: was it refused, and how long should every worker hold off?
 
@@ -222,9 +225,11 @@ def read_feedback(
     ``X-RateLimit-Remaining`` (GitHub's way of refusing). ``now`` is epoch seconds, for
     HTTP-dates and epoch resets; ``fallback`` is the pause for a refusal that carries
     no usable value (the caller grows it per attempt). The longest pause asked wins.
+    ``quota``: also read what the headers say of the quota (``Feedback.view``, as
+    :func:`read_quota_view`), so that a response's headers are read once.
 
     >>> read_feedback(429, {"Retry-After": "2"}, now=time.time(), max_pause=300, fallback=1)
-    Feedback(refused=True, pause=2.0, reason='Retry-After', problems=())
+    Feedback(refused=True, pause=2.0, reason='Retry-After', problems=(), view=None)
     """
     if not isinstance(headers, httpx.Headers):
         headers = httpx.Headers(headers, encoding="utf-8")
@@ -232,6 +237,7 @@ def read_feedback(
         return Feedback(refused=False, pause=None, reason="", problems=())
     candidates: list[tuple[float, str]] = []
     problems: list[Problem] = []
+    view = _quota_view(headers, now) if quota else None
 
     def consider(header: str, read: Callable[[], float | None]) -> None:
         try:
@@ -257,14 +263,14 @@ def read_feedback(
     elif refused:
         pause, reason = fallback, "backoff"
     else:
-        return Feedback(refused=False, pause=None, reason="", problems=tuple(problems))
+        return Feedback(refused=False, pause=None, reason="", problems=tuple(problems), view=view)
     pause = float(pause)
     if pause > max_pause and reason != "backoff":  # our own backoff is capped quietly
         problems.append(
             Problem(reason, f"capped {reason}: {pause:.0f}s is above max_pause={max_pause:g}s")
         )
     pause = min(pause, max_pause)
-    return Feedback(refused=refused, pause=pause, reason=reason, problems=tuple(problems))
+    return Feedback(refused, pause, reason, tuple(problems), view)
 
 
 def _says_spent(headers: httpx.Headers) -> bool:
@@ -303,8 +309,10 @@ def read_quota_view(headers: httpx.Headers | Mapping[str, str], *, now: float) -
     """
     if not isinstance(headers, httpx.Headers):
         headers = httpx.Headers(headers, encoding="utf-8")
-    if _silent(headers):
-        return None
+    return None if _silent(headers) else _quota_view(headers, now)
+
+
+def _quota_view(headers: httpx.Headers, now: float) -> QuotaView | None:
     views: list[QuotaView] = []
 
     def add(header: str, remaining: str | None, reset: str | None, limit: str | None) -> None:

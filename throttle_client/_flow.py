@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
-
-if TYPE_CHECKING:
-    from ._backends.base import Op
+from typing import Any, NamedTuple, TypeVar
 
 R = TypeVar("R")
 S = TypeVar("S")  # a step
@@ -98,7 +95,7 @@ class Call(NamedTuple):
     """Run ``op`` on the store. Result: ``(answer, local time after)``. (Not generic: a
     generic NamedTuple needs Python 3.11.)"""
 
-    op: Op[Any]
+    op: Any  # a store operation (``_backends.base.Op``: this module imports nothing above it)
 
 
 class Sleep(NamedTuple):

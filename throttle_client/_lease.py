@@ -28,17 +28,17 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._acquiring import charges, end_flow, lease_flow
 from ._backends import leases
 from ._backends.base import Charge
+from ._core import LimiterCore
 from ._errors import BackendError, BackendUnavailable
 from ._events import LEASED, RELEASED
 from ._flow import arun, refuse_in_event_loop, run
+from ._planning import call_id
 from ._results import Decision
-
-if TYPE_CHECKING:
-    from ._limiter import AsyncLimiter, Limiter, _LimiterCore
 
 log = logging.getLogger("throttle_client")
 
@@ -50,7 +50,7 @@ class _Held:
 
     def __init__(
         self,
-        limiter: _LimiterCore,
+        limiter: LimiterCore,
         key: str,
         cost: int,
         timeout: float | timedelta | None,
@@ -71,14 +71,15 @@ class _Held:
     def begin(self) -> None:
         limiter = self.limiter
         if limiter._capped(self.also):
-            self.charges = limiter._charges(self.key, self.cost, self.also, limiter._local())
+            self.charges = charges(limiter, self.key, self.cost, self.also, limiter._local())
             doorbell = limiter._backend().doorbell
-            self.lease_id = doorbell.lease_id(limiter._new_call_id())
+            self.lease_id = doorbell.lease_id(call_id())
             doorbell.expect(self.lease_id)  # before the call that may queue it
 
     def flow(self) -> Any:
         limiter = self.limiter
-        return limiter._lease_flow(
+        return lease_flow(
+            limiter,
             self.key,
             self.cost,
             self.timeout,
@@ -112,7 +113,7 @@ class _Held:
             self.limiter._backend().doorbell.forget(self.lease_id)
 
     def release_flow(self) -> Any:
-        return self.limiter._end_flow(self.charges, self.lease_id, self.limiter._local(), False)
+        return end_flow(self.limiter, self.charges, self.lease_id, self.limiter._local(), False)
 
     def renew_flow(self) -> Any:
         """Renew the lease; and, should the renewal have crossed the release (the keeper
@@ -123,10 +124,10 @@ class _Held:
         cards = tuple(
             card
             for index in leases.capped(self.charges)
-            for card in owners[index]._card_of(self.charges[index].key, 2 * self.every)
+            for card in owners[index]._plan.card_of(self.charges[index].key, 2 * self.every)
         )
-        kept = yield from self.limiter._end_flow(
-            self.charges, self.lease_id, self.limiter._local(), True, cards
+        kept = yield from end_flow(
+            self.limiter, self.charges, self.lease_id, self.limiter._local(), True, cards
         )
         if self.renewed(kept):
             yield from self.release_flow()
@@ -193,7 +194,7 @@ class Lease:
     def __enter__(self) -> Decision:
         refuse_in_event_loop("a Limiter's lease")
         held = self._held
-        limiter: Limiter = held.limiter  # type: ignore[assignment]
+        limiter = held.limiter
         held.begin()
         try:
             held.decision = run(held.flow(), limiter._perform)
@@ -218,7 +219,7 @@ class Lease:
             return
         held.ended = True
         if held.mine():
-            limiter: Limiter = held.limiter  # type: ignore[assignment]
+            limiter = held.limiter
             try:
                 run(held.release_flow(), limiter._perform)
             except Exception as exc:
@@ -229,7 +230,7 @@ class Lease:
         held = self._held
         if held.ended or not held.mine():
             return
-        limiter: Limiter = held.limiter  # type: ignore[assignment]
+        limiter = held.limiter
         try:
             run(held.renew_flow(), limiter._perform)
         except Exception as exc:
@@ -249,7 +250,7 @@ class AsyncLease:
 
     async def __aenter__(self) -> Decision:
         held = self._held
-        limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+        limiter = held.limiter
         held.begin()
         try:
             held.decision = await arun(held.flow(), limiter._perform)
@@ -285,7 +286,7 @@ class AsyncLease:
         if self._renewal is not None:
             self._renewal.cancel()
         if held.mine():
-            limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+            limiter = held.limiter
             try:
                 await arun(held.release_flow(), limiter._perform)
             except Exception as exc:
@@ -294,7 +295,7 @@ class AsyncLease:
 
     async def _renew(self) -> None:
         held = self._held
-        limiter: AsyncLimiter = held.limiter  # type: ignore[assignment]
+        limiter = held.limiter
         try:
             await arun(held.renew_flow(), limiter._perform)
         except Exception as exc:

@@ -20,7 +20,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 log = logging.getLogger("throttle_client")
 
@@ -66,7 +65,7 @@ class Lives:
         with self._lock:
             self._known.pop(store_key, None)
 
-    def told_lost(self, limiter: Any, store_keys: list[str], held_for_us: int) -> None:
+    def told_lost(self, labels: list[str], namespace: str, held_for_us: int) -> None:
         """The store found the key had lost its recent history, and held it: said once
         at WARNING (a store that lost one key lost them all), then at DEBUG."""
         with self._lock:
@@ -79,7 +78,7 @@ class Lives:
             "older copy. The key is held %.1f s more, as if every window had been full "
             "when it was lost, so that the fleet does not spend its quota twice. Redis "
             "with appendonly yes and appendfsync everysec keeps the calls.",
-            " and ".join(limiter._label_of(store_key) for store_key in store_keys),
-            limiter.namespace,
+            " and ".join(labels),
+            namespace,
             max(0, held_for_us) / US,
         )

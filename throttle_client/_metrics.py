@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ._core import LimiterCore
 from ._events import (
     ADMITTED,
     FALLBACK,
@@ -182,9 +183,7 @@ def recording(record: Record, keys: Bounded, routes: Bounded) -> Listener:
 def limiters_of(target: Any) -> list[Any]:
     """The limiters of ``target``: a limiter itself, or every limiter a throttled
     transport or client uses."""
-    from ._limiter import _LimiterCore  # (the limiter imports the events this reads)
-
-    if isinstance(target, _LimiterCore):
+    if isinstance(target, LimiterCore):
         return [target]
     core = getattr(getattr(target, "_throttled", target), "_core", None)
     if core is None or not callable(getattr(core, "limiters", None)):

@@ -21,10 +21,13 @@ from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
+from ._acquiring import send_flow
 from ._errors import ConfigurationError
 from ._events import UPSTREAM_STATUS, Listener
-from ._feedback import read_feedback
+from ._feedback import Feedback, read_feedback
 from ._flow import Flow, arun, refuse_in_event_loop, run
+from ._key_flows import pause_flow
+from ._learning import learn_flow
 from ._lease import AsyncLease, Lease, _Held
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import bounded_seconds, to_seconds
@@ -334,8 +337,8 @@ class _TransportCore(Generic[L]):
             if capped:  # in flight from admission until the response is closed
                 decision, lease = yield Hold(plan, plan.timeout)
             else:
-                decision = yield from limiter._send_flow(
-                    plan.key, plan.cost, plan.timeout, now, also=plan.also
+                decision = yield from send_flow(
+                    limiter, plan.key, plan.cost, plan.timeout, now, also=plan.also
                 )
             if decision.waited > LONG_WAIT:
                 logger.info(
@@ -348,22 +351,27 @@ class _TransportCore(Generic[L]):
                 limiter._emit(
                     UPSTREAM_STATUS, store_key, status=response.status_code, route=plan.route
                 )
+            feedback = self.judge(plan, response, attempt, now=wall)  # (headers read once)
             if self.learn:
-                _, now = yield from limiter._learn_flow(
-                    plan.key, decision, response.headers, now, wall, self.retry.max_pause
+                _, now = yield from learn_flow(
+                    limiter, plan.key, decision, feedback.view, now, self.retry.max_pause
                 )
-            pause, retry, reason = self.judge(plan, response, attempt, now=wall)
+            pause, retry, reason = (
+                feedback.pause or 0.0,
+                feedback.refused and plan.retryable,
+                feedback.reason,
+            )
             if pause > 0:
                 # Which of the call's quotas the upstream meant, it does not say: every
                 # key of the call is paused (under-use at worst, never another refusal).
                 told = {"reason": reason, "source": "upstream", "route": plan.route}
                 refused = response.status_code == 429
-                _, now = yield from limiter._pause_flow(
-                    plan.key, pause, now, refused=refused, **told
+                _, now = yield from pause_flow(
+                    limiter, plan.key, pause, now, refused=refused, **told
                 )
                 for other, other_key, _ in plan.also:
-                    _, now = yield from other._pause_flow(
-                        other_key, pause, now, refused=refused, **told
+                    _, now = yield from pause_flow(
+                        other, other_key, pause, now, refused=refused, **told
                     )
             if not retry or attempt == attempts:
                 return response
@@ -382,16 +390,17 @@ class _TransportCore(Generic[L]):
 
     def judge(
         self, plan: _Plan[L], response: httpx.Response, attempt: int, *, now: float
-    ) -> tuple[float, bool, str]:
-        """Read the upstream's feedback at wall-clock time ``now`` and log it. Answers
-        (seconds to pause the key for every worker, 0 for none; whether to retry; the
-        signal the pause came from)."""
+    ) -> Feedback:
+        """Read the upstream's feedback at wall-clock time ``now`` and log it: how long
+        to pause the key for every worker, whether it refused the call, and (for a
+        transport that learns limits) what the headers say of the quota."""
         feedback = read_feedback(
             response.status_code,
             response.headers,
             now=now,
             max_pause=self.retry.max_pause,
             fallback=self.retry.fallback(attempt),
+            quota=self.learn,
         )
         for problem in feedback.problems:
             # One warning per header per transport: a fleet would repeat it on every call.
@@ -415,7 +424,7 @@ class _TransportCore(Generic[L]):
                     feedback.pause,
                     feedback.reason,
                 )
-        return feedback.pause or 0.0, feedback.refused and plan.retryable, feedback.reason
+        return feedback
 
 
 def _acquire_timeout(value: float | timedelta | None, what: str) -> float | None:
