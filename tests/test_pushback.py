@@ -40,7 +40,7 @@ def told(store: Backend, keys: list[str]) -> dict[str, tuple[str | None, int]]:
 
 
 def upstream_pause(limiter: Limiter, key: str, seconds: float, reason: str, refused: bool) -> None:
-    """What a transport does when the upstream pushes back (``_TransportCore.flow``)."""
+    """What a transport does when the upstream pushes back (``TransportCore.flow``)."""
     flow = pause_flow(
         limiter, key, seconds, limiter._local(), reason=reason, source="upstream", refused=refused
     )

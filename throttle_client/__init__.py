@@ -29,11 +29,10 @@ from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate
 from ._request_key import request_key
 from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
+from ._routes import RetryPolicy, Route
 from ._transport import (
     AsyncThrottledClient,
     AsyncThrottledTransport,
-    RetryPolicy,
-    Route,
     ThrottledClient,
     ThrottledTransport,
 )

@@ -1,0 +1,367 @@
+"""One request's course through a throttled transport, written once for both worlds.
+
+Every decision (which limiter and key, how long the upstream wants us to hold off,
+whether to retry, what to log) lives in :class:`TransportCore`, and one request's
+whole course in its ``flow``: admit (the limiter's acquire flow, or a lease when a key
+is capped), send, read the feedback, pause the keys, retry. The transports only
+perform the flow's steps in their world (see ``_flow``). Every attempt goes through the
+limiter again, so a retry waits for the shared pause and for its own
+first-come-first-served slot. A capped request's lease ends when its response is
+closed (``Releasing``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, cast
+
+import httpx
+
+from ._acquiring import send_flow
+from ._errors import ConfigurationError
+from ._events import UPSTREAM_STATUS, Listener
+from ._feedback import Feedback, read_feedback
+from ._flow import Flow
+from ._key_flows import pause_flow
+from ._learning import learn_flow
+from ._lease import AsyncLease, Lease, _Held
+from ._limiter import Limiter
+from ._request_key import credential_names, key_label, request_key
+from ._routes import (
+    AlsoSpec,
+    CostFunc,
+    KeyFunc,
+    L,
+    RetryPolicy,
+    Route,
+    acquire_timeout,
+    also_for,
+    checked_also,
+)
+
+logger = logging.getLogger("throttle_client")
+
+# A wait for a slot longer than this is worth a line in the log.
+LONG_WAIT = 10.0
+# The request extension that bounds one request's wait for its slot, instead of the
+# transport's acquire_timeout: client.get(url, extensions={"acquire_timeout": 2.5}).
+ACQUIRE_TIMEOUT = "acquire_timeout"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A step of a request's flow on a capped limiter: wait for the request's turn and
+    take a lease (``Limiter.lease``). Result: ``(decision, lease)``."""
+
+    plan: Plan[Any]
+    timeout: float | timedelta | None
+
+
+@dataclass(frozen=True)
+class Send:
+    """A step of a request's flow: send ``request`` upstream. Result: ``(response, local
+    time, wall-clock time)``. ``lease``: ended when the response is closed (its body
+    read, or a streamed one closed), or at once if the request fails."""
+
+    request: httpx.Request
+    lease: Any = None
+
+
+@dataclass(frozen=True)
+class Discard:
+    """A step of a request's flow: drain and close ``response`` (it gives its connection
+    back). Result: the local time."""
+
+    response: httpx.Response
+
+
+@dataclass(frozen=True)
+class Plan(Generic[L]):
+    """How one request is throttled."""
+
+    limiter: L
+    key: str
+    cost: int
+    also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
+    label: str  # what logs may say about the key: a host, or a digest of the token
+    # "GET host" and the matched route's path, for logs, events and metrics: never the
+    # request's own path, which may carry a secret (a webhook's, a bot's token) or an id
+    # per call, nor its query, which may carry a token.
+    route: str
+    retryable: bool
+    timeout: float | None  # the longest wait for a slot, each attempt's (None: no limit)
+
+
+@dataclass
+class TransportCore(Generic[L]):
+    """Every decision of a throttled transport; no I/O."""
+
+    kind: type[L]
+    limiter: L | None
+    routes: Sequence[Route[L]]
+    key: KeyFunc
+    cost: int | CostFunc
+    retry: RetryPolicy
+    acquire_timeout: float | timedelta | None
+    also: Sequence[AlsoSpec[L]] = ()
+    learn: bool = True  # hold a key to quota headers stricter than its rates
+    _warned: set[str] = field(default_factory=set)
+    _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
+
+    def __post_init__(self) -> None:
+        transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
+        self.routes = tuple(self.routes)
+        self.also = checked_also(self.also)
+        if self.limiter is None and not self.routes:
+            raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
+        partners: list[L] = [spec[0] for spec in self.also]
+        for route in self.routes:
+            partners += [spec[0] for spec in route.also]
+        for limiter in [self.limiter, *(route.limiter for route in self.routes), *partners]:
+            if limiter is not None and not isinstance(limiter, self.kind):
+                raise TypeError(
+                    f"{transport} needs {self.kind.__name__} objects, not {limiter!r}; "
+                    "use ThrottledTransport with a Limiter, AsyncThrottledTransport with "
+                    "an AsyncLimiter"
+                )
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
+        self.acquire_timeout = acquire_timeout(self.acquire_timeout, "acquire_timeout")
+
+    def limiters(self) -> list[L]:
+        """Every limiter the transport uses (its own, its routes', and their ``also=``
+        partners), once each."""
+        every = [self.limiter, *(route.limiter for route in self.routes)]
+        every += [spec[0] for spec in self.also]
+        every += [spec[0] for route in self.routes for spec in route.also]
+        unique = {id(limiter): limiter for limiter in every if limiter is not None}
+        return cast(list[L], list(unique.values()))
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """``listener`` on every limiter the transport uses, once each; returns the
+        function that stops it."""
+        removes = [limiter.listen(listener) for limiter in self.limiters()]
+
+        def remove() -> None:
+            for stop in removes:
+                stop()
+
+        return remove
+
+    # -- before sending ---------------------------------------------------------------
+
+    def plan(self, request: httpx.Request) -> Plan[L] | None:
+        """The limiter, key and cost of ``request``; None: it passes unthrottled."""
+        route: Route[L] | None = next((r for r in self.routes if r.matches(request)), None)
+        # A route's limiter, and its own also= before the transport's (which every
+        # request is charged to); else the transport's limiter.
+        limiter: L | None = self.limiter
+        also: tuple[AlsoSpec[L], ...] = tuple(self.also)
+        if route is not None:
+            limiter = route.limiter
+            also = tuple(route.also) + also
+        if limiter is None:
+            return None
+        timeout = cast("float | None", self.acquire_timeout)
+        if ACQUIRE_TIMEOUT in request.extensions:
+            timeout = acquire_timeout(
+                request.extensions[ACQUIRE_TIMEOUT], "the request extension acquire_timeout"
+            )
+        key = self.key(request)
+        cost = self.cost if isinstance(self.cost, int) else self.cost(request)
+        route_name = f"{request.method} {request.url.host}{route.path if route else ''}"
+        if self.key is request_key and key == request.url.host:
+            self.warn_missed_credentials(request, route_name)
+        return Plan(
+            limiter=limiter,
+            key=key,
+            cost=cost,
+            also=tuple(also_for(spec, request, cost) for spec in also),
+            label=key_label(key, request, limiter.label),
+            route=route_name,
+            retryable=request.method in self.retry.methods
+            # A streamed body cannot be sent twice.
+            and isinstance(request.stream, httpx.ByteStream),
+            timeout=timeout,
+        )
+
+    def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
+        """Warn, once per route, of a request keyed by its host by the default key
+        function though it carries what looks like a token: every token sent there then
+        shares one quota. A key function of the user's own is their decision."""
+        if route in self._warned_routes:
+            return
+        names = credential_names(request)
+        if names:
+            self._warned_routes.add(route)
+            logger.warning(
+                "%s is keyed by its host, though the request carries what looks like "
+                "credentials (%s): every token sent there shares one quota. Pass key=, a "
+                "function of the request that returns its token (or its host, to keep one "
+                "quota)",
+                route,
+                ", ".join(names),
+            )
+
+    def flow(self, plan: Plan[L], request: httpx.Request, now: float) -> Flow[httpx.Response]:
+        """One request's course, from local time ``now``, for both worlds: wait for its
+        slot, send it, pause the key for every worker if the upstream pushed back, and
+        send it again (through the limiter) while the retry policy allows. When the
+        attempts run out the last response is returned, whatever its status."""
+        limiter = plan.limiter
+        attempts, attempt = self.retry.max_attempts, 1
+        capped = limiter._capped(plan.also)
+        while True:
+            lease = None
+            if capped:  # in flight from admission until the response is closed
+                decision, lease = yield Hold(plan, plan.timeout)
+            else:
+                decision = yield from send_flow(
+                    limiter, plan.key, plan.cost, plan.timeout, now, also=plan.also
+                )
+            if decision.waited > LONG_WAIT:
+                logger.info(
+                    "waited %.1fs for a slot for %s (%s)", decision.waited, plan.route, plan.label
+                )
+            sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
+            response, now, wall = sent
+            if limiter._listeners:
+                store_key = limiter.store_key(plan.key)
+                limiter._emit(
+                    UPSTREAM_STATUS, store_key, status=response.status_code, route=plan.route
+                )
+            feedback = self.judge(plan, response, attempt, now=wall)  # (headers read once)
+            if self.learn:
+                _, now = yield from learn_flow(
+                    limiter, plan.key, decision, feedback.view, now, self.retry.max_pause
+                )
+            pause, retry, reason = (
+                feedback.pause or 0.0,
+                feedback.refused and plan.retryable,
+                feedback.reason,
+            )
+            if pause > 0:
+                # Which of the call's quotas the upstream meant, it does not say: every
+                # key of the call is paused (under-use at worst, never another refusal).
+                told = {"reason": reason, "source": "upstream", "route": plan.route}
+                refused = response.status_code == 429
+                _, now = yield from pause_flow(
+                    limiter, plan.key, pause, now, refused=refused, **told
+                )
+                for other, other_key, _ in plan.also:
+                    _, now = yield from pause_flow(
+                        other, other_key, pause, now, refused=refused, **told
+                    )
+            if not retry or attempt == attempts:
+                return response
+            logger.info(
+                "retrying %s for %s (attempt %d of %d) after HTTP %d",
+                plan.route,
+                plan.label,
+                attempt + 1,
+                attempts,
+                response.status_code,
+            )
+            now = yield Discard(response)
+            attempt += 1
+
+    # -- after the response -------------------------------------------------------------
+
+    def judge(
+        self, plan: Plan[L], response: httpx.Response, attempt: int, *, now: float
+    ) -> Feedback:
+        """Read the upstream's feedback at wall-clock time ``now`` and log it: how long
+        to pause the key for every worker, whether it refused the call, and (for a
+        transport that learns limits) what the headers say of the quota."""
+        feedback = read_feedback(
+            response.status_code,
+            response.headers,
+            now=now,
+            max_pause=self.retry.max_pause,
+            fallback=self.retry.fallback(attempt),
+            quota=self.learn,
+        )
+        for problem in feedback.problems:
+            # One warning per header per transport: a fleet would repeat it on every call.
+            level = logging.DEBUG if problem.header in self._warned else logging.WARNING
+            self._warned.add(problem.header)
+            logger.log(level, "%s from %s (%s)", problem.message, plan.route, plan.label)
+        if feedback.pause:
+            if feedback.refused:
+                logger.warning(
+                    "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
+                    plan.route,
+                    response.status_code,
+                    plan.label,
+                    feedback.pause,
+                    feedback.reason,
+                )
+            else:
+                logger.info(
+                    "upstream says the quota of %s is spent: pausing it for %.2fs (%s)",
+                    plan.label,
+                    feedback.pause,
+                    feedback.reason,
+                )
+        return feedback
+
+
+def lease_of(step: Hold) -> _Held:
+    plan = step.plan
+    return _Held(plan.limiter, plan.key, plan.cost, step.timeout, plan.also, before_request=True)
+
+
+class Releasing(httpx.SyncByteStream):
+    """A response body that ends its request's lease when it is closed."""
+
+    def __init__(self, stream: Any, lease: Lease) -> None:
+        self._stream, self._lease = stream, lease
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._stream
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._lease.release()
+
+
+class AsyncReleasing(httpx.AsyncByteStream):
+    """The asyncio twin of :class:`Releasing`."""
+
+    def __init__(self, stream: Any, lease: AsyncLease) -> None:
+        self._stream, self._lease = stream, lease
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            await asyncio.shield(self._lease.release())  # even when cancelled meanwhile
+
+
+def drain(response: httpx.Response) -> None:
+    """Read and close a response thrown away: a drained one gives its connection back."""
+    try:
+        response.read()
+    except httpx.TransportError:
+        pass  # the body of a response we throw away is not worth an error
+    finally:
+        response.close()
+
+
+async def adrain(response: httpx.Response) -> None:
+    try:
+        await response.aread()
+    except httpx.TransportError:
+        pass
+    finally:
+        await response.aclose()

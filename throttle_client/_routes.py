@@ -1,0 +1,175 @@
+"""What a throttled transport is told: routes (which limiter, key and cost a request
+has), the other limiters a request is charged to, and the retry policy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Generic, TypeVar
+
+import httpx
+
+from ._errors import ConfigurationError
+from ._limiter import AsyncLimiter, Limiter
+from ._rate import bounded_seconds, to_seconds
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+
+L = TypeVar("L", Limiter, AsyncLimiter)
+KeyFunc = Callable[[httpx.Request], str]
+CostFunc = Callable[[httpx.Request], int]
+# Another limiter a request is charged to: with a function of the request for its key,
+# and optionally the cost charged there (an int, or a function of the request).
+AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
+
+# The port a URL without one is sent to (httpx reports it as None).
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Route(Generic[L]):
+    """Requests to ``host`` (any host when None) whose path is ``path`` or lies below
+    it go through ``limiter``. The first matching route wins. A host with a port
+    (``"127.0.0.1:8080"``, ``"[::1]:8080"``) matches that port only; a bare one, any port.
+    ``also``: (limiter, key function) pairs such a request is charged to as well, in the
+    same atomic step (see ``Limiter.acquire``), with the transport's own ``also``; a third
+    item, an int or a function of the request, charges that key another cost.
+    ``methods``: only requests of these HTTP methods match (None: any).
+
+    >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
+    >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
+    >>> Route(writes, methods={"POST", "PATCH", "PUT", "DELETE"}, also=[(core, request_key)])
+    """
+
+    limiter: L
+    host: str | None = None
+    path: str = "/"
+    also: Sequence[AlsoSpec[L]] = ()
+    methods: Collection[str] | None = None
+    _name: str | None = field(default=None, init=False, repr=False, compare=False)
+    _port: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "also", checked_also(self.also))
+        if self.methods is not None:
+            if not isinstance(self.methods, str):  # a generator is read once, here
+                object.__setattr__(self, "methods", tuple(self.methods))
+            if (
+                isinstance(self.methods, str)
+                or not self.methods
+                or not all(isinstance(m, str) and m for m in self.methods)
+            ):
+                raise ConfigurationError(
+                    f"a route's methods must be a collection of HTTP method names, such as "
+                    f'{{"POST", "PUT"}}, not {self.methods!r}'
+                )
+            object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise ConfigurationError(f"a route's path must start with '/', not {self.path!r}")
+        if self.host is not None:
+            name, port = _host_and_port(self.host)
+            object.__setattr__(self, "host", self.host.lower())
+            object.__setattr__(self, "_name", name)
+            object.__setattr__(self, "_port", port)
+
+    def matches(self, request: httpx.Request) -> bool:
+        if self.methods is not None and request.method not in self.methods:
+            return False
+        url = request.url
+        if self._name is not None and url.host != self._name:
+            return False
+        if self._port is not None and (url.port or _DEFAULT_PORTS.get(url.scheme)) != self._port:
+            return False
+        prefix = self.path.rstrip("/")
+        path = request.url.path
+        # On a segment boundary: "/search" covers "/search/code", not "/searchable".
+        return not prefix or path == prefix or path.startswith(prefix + "/")
+
+
+def _host_and_port(spec: object) -> tuple[str, int | None]:
+    """``"api.example.com"``, ``"127.0.0.1:8080"``, ``"[::1]:8080"`` or ``"::1"`` as the
+    host httpx reports for a request (lower case, IPv6 without brackets) and the port."""
+    problem = f"a route's host must be a host name, optionally with ':port', not {spec!r}"
+    if not isinstance(spec, str) or not spec or any(c in spec for c in "/@?# "):
+        raise ConfigurationError(problem)
+    host, port = spec.lower(), None
+    if host.startswith("["):  # an IPv6 address, with a port or without
+        host, bracket, rest = host[1:].partition("]")
+        if not bracket or rest[:1] not in ("", ":"):
+            raise ConfigurationError(problem)
+        port = rest[1:] if rest else None
+    elif host.count(":") == 1:  # more than one: a bare IPv6 address
+        host, port = host.split(":")
+    if not host or (port is not None and not (port.isascii() and port.isdigit())):
+        raise ConfigurationError(problem)
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise ConfigurationError(problem)
+    return host, None if port is None else int(port)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a throttled transport answers an upstream that pushes back.
+
+    ``max_attempts``: sends per request, the first included (1: never retry).
+    ``methods``: the methods worth retrying (idempotent ones by default).
+    ``max_pause``: the longest pause (seconds) any header may impose; longer ones are
+    capped, with a warning. ``backoff``: the pause after a refusal that carries no
+    usable value, doubled at each further attempt.
+
+    >>> ThrottledTransport(limiter, retry=RetryPolicy(max_attempts=5, max_pause=60))
+    """
+
+    max_attempts: int = 3
+    methods: frozenset[str] = IDEMPOTENT_METHODS
+    max_pause: float = 300.0
+    backoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {attempts!r}")
+        for name in ("max_pause", "backoff"):
+            # Within the limiter's range for a pause, or a 429 would end in its error.
+            object.__setattr__(self, name, bounded_seconds(getattr(self, name), name))
+        object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
+
+    def fallback(self, attempt: int) -> float:
+        return min(self.max_pause, self.backoff * 2.0 ** min(attempt - 1, 64))  # no overflow
+
+
+def acquire_timeout(value: float | timedelta | None, what: str) -> float | None:
+    """A wait for a slot, in seconds (None: no limit), from seconds or a timedelta."""
+    if value is None:
+        return None
+    seconds = to_seconds(value, what)
+    if math.isnan(seconds) or seconds < 0:
+        raise ConfigurationError(f"{what} must be >= 0, not {seconds!r}")
+    return seconds
+
+
+def checked_also(also: Sequence[AlsoSpec[L]]) -> tuple[AlsoSpec[L], ...]:
+    specs = tuple(also)
+    for spec in specs:
+        if not (
+            isinstance(spec, tuple)
+            and len(spec) in (2, 3)
+            and callable(spec[1])
+            and (len(spec) == 2 or isinstance(spec[2], int) or callable(spec[2]))
+        ):
+            raise TypeError(
+                "also= takes (limiter, key function of the request) pairs, or triples with "
+                f"a cost (an int or a function of the request), not {spec!r}"
+            )
+    return specs
+
+
+def also_for(spec: AlsoSpec[L], request: httpx.Request, cost: int) -> tuple[L, str, int]:
+    """One also= entry for ``request``: its limiter, key and cost (the request's own
+    unless the entry names one)."""
+    other, key_of, *rest = spec
+    if rest:
+        cost = rest[0] if isinstance(rest[0], int) else rest[0](request)
+    return other, key_of(request), cost
