@@ -78,6 +78,19 @@ def acquire_op(
     return acquire_all(planners, charged, max_wait_us, now, lease_id, mark_us)
 
 
+def lease_cards(
+    core: LimiterCore, also: Also, charged: tuple[Charge, ...], at_least: float
+) -> tuple[StoreCard, ...]:
+    """The cards of a lease's capped keys, to last ``at_least`` seconds: a call in flight
+    longer than its keys' windows keeps them in ``throttle-client top``."""
+    owners = core._with(also)
+    return tuple(
+        card
+        for index in leases.capped(charged)
+        for card in owners[index]._plan.card_of(charged[index].key, at_least)
+    )
+
+
 def _decision(
     core: LimiterCore,
     verdict: Verdict,

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from ._acquiring import charges, end_flow, lease_flow
+from ._acquiring import charges, end_flow, lease_cards, lease_flow
 from ._backends import leases
 from ._backends.base import Charge
 from ._core import LimiterCore
@@ -118,14 +118,8 @@ class _Held:
     def renew_flow(self) -> Any:
         """Renew the lease; and, should the renewal have crossed the release (the keeper
         renewed as the caller released), holding the lease again, release it again."""
-        # Each capped key's card lasts until the next renewal at least: a call in flight
-        # longer than the key's windows keeps its key in `throttle-client top`.
-        owners = self.limiter._with(self.also)
-        cards = tuple(
-            card
-            for index in leases.capped(self.charges)
-            for card in owners[index]._plan.card_of(self.charges[index].key, 2 * self.every)
-        )
+        # Each capped key's card lasts until the next renewal at least.
+        cards = lease_cards(self.limiter, self.also, self.charges, 2 * self.every)
         kept = yield from end_flow(
             self.limiter, self.charges, self.lease_id, self.limiter._local(), True, cards
         )
