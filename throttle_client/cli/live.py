@@ -3,7 +3,7 @@ crawlers run, and ``top``'s.
 
 It needs rich, which the ``cli`` extra installs (``pip install 'throttle-client[cli]'``);
 the command imports this module in one place and, without rich, prints plain progress
-lines instead (:class:`~throttle_client.cli.demo.ProgressLines`).
+lines instead (:class:`~throttle_client.cli.summary.ProgressLines`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """``throttle-client top``: the keys in use in a store, nearest their limits first.
 
-It reads the store only: every key's card (``throttle_client._cards``: its label and
+It reads the store only: every key's card (:class:`throttle_client.Card`: its label and
 the rules its limiters keep, written beside it by their decisions), found with SCAN in
 steps of bounded cost (never KEYS), then each key's usage under those rules, one read
-(``Inspect``) per key. At most ``scan_limit`` keys are read per look: a store of more
-keys shows the fullest of those read, and says that it stopped there. A key the store
-refuses to read (damaged: see ``sliding_log``, "partial state") is left out with a
-warning, and the look names it; a store that cannot be reached fails the look.
+(``Limiter.usage(store_key=...)``) per key. At most ``scan_limit`` keys are read per
+look: a store of more keys shows the fullest of those read, and says that it stopped
+there. A key the store refuses to read (damaged: see ``sliding_log``, "partial state")
+is left out with a warning, and the look names it; a store that cannot be reached fails
+the look.
 """
 
 from __future__ import annotations
