@@ -10,28 +10,22 @@ from typing import Any, TypeVar, cast
 
 from .._cards import Disagreements
 from . import history, leases
-from .base import (
-    KEPT_US,
-    PUSHBACK_STEP_US,
-    PUSHBACK_STEPS,
+from .answers import Verdict
+from .base import Backend, InlineAsync, host_clock
+from .expiries import Expiring
+from .ops import (
     RECORD_TTL_US,
     Acquire,
     AcquireAll,
-    Backend,
-    InlineAsync,
     Op,
     Pause,
-    Pushback,
     ReadHistory,
     Reset,
-    Verdict,
     history_cost,
-    host_clock,
     namespace_prefix,
-    pushback_at,
-    pushed_back,
 )
-from .expiries import Expiring
+from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, Pushback, pushback_at, pushed_back
+from .quota import KEPT_US
 from .sliding_log import LIFE_RESET, Coarse
 
 T = TypeVar("T")

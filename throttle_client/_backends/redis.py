@@ -36,33 +36,29 @@ from .._cards import Disagreements
 from .._errors import BackendError, ConfigurationError
 from .._flow import arun, run
 from . import history
-from .base import (
+from .answers import Snapshot, Verdict
+from .base import AsyncBackend, Backend
+from .batching import Batcher, Send, Wait
+from .history import HistorySpec
+from .ops import (
     RECORD_TTL_US,
     Acquire,
     AcquireAll,
-    AsyncBackend,
-    Backend,
-    Buckets,
     Fingerprint,
     Inspect,
     Learn,
     Op,
     Pause,
-    Pushback,
-    Quota,
     ReadHistory,
     Release,
     Renew,
     Reset,
-    Snapshot,
     StoreCard,
-    Verdict,
     namespace_prefix,
     namespace_record,
-    pushback_at,
 )
-from .batching import Batcher, Send, Wait
-from .history import HistorySpec
+from .pushback import Pushback, pushback_at
+from .quota import Buckets, Quota
 from .redis_clients import (
     CONNECTIONS,
     async_copy,

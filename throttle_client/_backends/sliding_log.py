@@ -31,22 +31,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
-from .base import (
-    Acquire,
-    AcquireAll,
-    Buckets,
-    Charge,
-    Inspect,
-    Learn,
-    Op,
-    Pause,
-    Period,
-    Quota,
-    Reset,
-    Snapshot,
-    Verdict,
-    Windows,
-)
+from .answers import Snapshot, Verdict
+from .ops import Acquire, AcquireAll, Charge, Inspect, Learn, Op, Pause, Reset
+from .quota import Buckets, Period, Quota, Windows
 
 T = TypeVar("T")
 MAX_TIME = 2**63  # after any time a store works with (see _ranges)

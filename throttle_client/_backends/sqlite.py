@@ -43,35 +43,28 @@ from .._cards import Disagreements
 from .._errors import BackendError, BackendUnavailable, ConfigurationError
 from .._ranges import FAR_AHEAD_US, MAX_TOTAL
 from . import history, leases, sliding_log
-from .base import (
-    KEPT_US,
-    PUSHBACK_STEP_US,
-    PUSHBACK_STEPS,
+from .answers import Verdict
+from .base import Backend, ThreadedAsync, host_clock
+from .doorbell import Doorbell
+from .ops import (
     RECORD_TTL_US,
     Acquire,
     AcquireAll,
-    Backend,
     Fingerprint,
     Inspect,
     Learn,
     Op,
     Pause,
-    Pushback,
-    Quota,
     ReadHistory,
     Release,
     Renew,
     Reset,
-    ThreadedAsync,
-    Verdict,
     history_cost,
-    host_clock,
     namespace_prefix,
     namespace_record,
-    pushback_at,
-    pushed_back,
 )
-from .doorbell import Doorbell
+from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, Pushback, pushback_at, pushed_back
+from .quota import KEPT_US, Quota
 
 T = TypeVar("T")
 logger = logging.getLogger("throttle_client")
