@@ -12,6 +12,7 @@ from .._cards import Disagreements
 from . import history, leases
 from .answers import Verdict
 from .base import Backend, InlineAsync, host_clock
+from .coarse import Coarse
 from .expiries import Expiring
 from .ops import (
     RECORD_TTL_US,
@@ -26,7 +27,7 @@ from .ops import (
 )
 from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, Pushback, pushback_at, pushed_back
 from .quota import KEPT_US
-from .sliding_log import LIFE_RESET, Coarse
+from .sliding_log import LIFE_RESET
 
 T = TypeVar("T")
 

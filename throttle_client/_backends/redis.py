@@ -71,7 +71,7 @@ from .redis_clients import (
 )
 from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
-from .sliding_log import RepairNotice
+from .repair import RepairNotice
 
 T = TypeVar("T")
 
@@ -127,7 +127,7 @@ def history_key(key: str) -> bytes:
 
 
 def pushback_key(key: str) -> bytes:
-    """A key's pushback (base.Pushback): a hash beside its log and meta."""
+    """A key's pushback (pushback.Pushback): a hash beside its log and meta."""
     return f"tc:{key}:pushback".encode()
 
 

@@ -13,12 +13,12 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
     tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
     tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
     tc_learned(key, since, until, lim, from_cum)   a limit learned from the upstream
-    tc_coarse(key, logs)   its bounded rates' coarse logs, JSON (``sliding_log.Coarse``)
+    tc_coarse(key, logs)   its bounded rates' coarse logs, JSON (``coarse.Coarse``)
 
 All are written in one transaction, so only hands from outside can leave a key's
 rows without its meta, a meta without its rows, a meta this version cannot read, or one
 at odds with its rows (a total below its base or its newest row's); the operation that
-finds such a key rebuilds it by the rules in ``sliding_log``, or refuses it (a time
+finds such a key rebuilds it by the rules in ``repair``, or refuses it (a time
 further ahead than any limiter sets) until it is reset.
 
 A grant made here rings this process's doorbell after the commit; a waiter in another
@@ -45,6 +45,7 @@ from .._ranges import FAR_AHEAD_US, MAX_TOTAL
 from . import history, leases, sliding_log
 from .answers import Verdict
 from .base import Backend, ThreadedAsync, host_clock
+from .coarse import Coarse
 from .doorbell import Doorbell
 from .ops import (
     RECORD_TTL_US,
@@ -65,6 +66,7 @@ from .ops import (
 )
 from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, Pushback, pushback_at, pushed_back
 from .quota import KEPT_US, Quota
+from .repair import RepairNotice, rebuilt_base, still_matters
 
 T = TypeVar("T")
 logger = logging.getLogger("throttle_client")
@@ -169,7 +171,7 @@ _TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
 _FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
 _FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
 _FORGET_LEARNED = "DELETE FROM tc_learned WHERE key = ?"
-# A key's bounded rates' coarse logs (sliding_log.Coarse), as JSON {name: [slot, total,
+# A key's bounded rates' coarse logs (Coarse), as JSON {name: [slot, total,
 # ...]}: a few entries each, read and written whole, and only by limiters with one.
 _COARSE = "SELECT logs FROM tc_coarse WHERE key = ?"
 _FORGET_COARSE = "DELETE FROM tc_coarse WHERE key = ?"
@@ -188,7 +190,7 @@ _EXPIRED_HISTORY = (
 # A key forgotten (reset, or expired) takes its card along. Its pushback (the upstream's
 # refusals of the last minute) outlives an expired key on its own TTL; a reset drops it.
 _FORGET_KEY = (_FORGET_ENTRIES, _FORGET_META, _FORGET_LEARNED, _FORGET_COARSE, _FORGET_CARD)
-# A key's pushback (base.Pushback): steps, JSON of [[step, refusals], ...].
+# A key's pushback (pushback.Pushback): steps, JSON of [[step, refusals], ...].
 _PUSHBACK_OF = "SELECT key, reason, until, steps FROM tc_pushback WHERE key = ?"
 _PUSH_BACK = (
     "INSERT OR REPLACE INTO tc_pushback (key, reason, until, steps, expires_at) "
@@ -304,7 +306,7 @@ class _SQLiteLog:
         self.ended = 0  # the time to go of what delete() forgot
         self.expires_at = 0
         self.dirty = False  # meta must be written back
-        self.coarse_logs: dict[str, sliding_log.Coarse] | None = None  # read when first asked
+        self.coarse_logs: dict[str, Coarse] | None = None  # read when first asked
         self.coarse_dirty = False
         self.live = True  # False: the stored rows are expired and must be ignored
         # The part found lost, unreadable or damaged ("log", "part", "meta" or "damaged"),
@@ -334,12 +336,12 @@ class _SQLiteLog:
             self.live = False
 
     def repair(self, quota: Quota, now: int) -> str | None:
-        """Rebuild the lost part by the rules of ``sliding_log`` (in this transaction); answers
+        """Rebuild the lost part by the rules of ``repair`` (in this transaction); answers
         which part was rebuilt, or None when nothing lost could still matter."""
         lost, self.lost = self.lost, None
         if lost == "log":
             assert self.last is not None
-            if not sliding_log.still_matters(self.last, quota, now):
+            if not still_matters(self.last, quota, now):
                 self.base, self.dirty = self.total, True  # no window reaches them: no loss
                 return None
             # All of the lost units at the newest slot.
@@ -362,7 +364,7 @@ class _SQLiteLog:
             self.db.execute(_FORGET_LEARNED, (self.key,))
             self.learned = None
             newest = self.db.execute(_NEWEST, (self.key,)).fetchone()
-            if newest is None or not sliding_log.still_matters(newest[0], quota, now):
+            if newest is None or not still_matters(newest[0], quota, now):
                 self.db.execute(_FORGET_ENTRIES, (self.key,))
                 self.life = sliding_log.LIFE_AFRESH  # (nothing left to rebuild it from)
                 if lost == "meta" and not self.unreadable:
@@ -371,7 +373,7 @@ class _SQLiteLog:
                 oldest = self.db.execute(_OLDEST, (self.key,)).fetchone()
                 self.last, self.total = newest
                 repaired = oldest[2].startswith(_REPAIRED_ID)
-                self.base = sliding_log.rebuilt_base(oldest[1], quota, repaired=repaired)
+                self.base = rebuilt_base(oldest[1], quota, repaired=repaired)
             self.pause_until = pause
         self.dirty = True
         self.expire_at(max(now, self.last or 0, self.pause_until) + quota.horizon_us)
@@ -461,7 +463,7 @@ class _SQLiteLog:
             self.expires_at = when
             self.dirty = True
 
-    def coarse(self, name: str) -> sliding_log.Coarse | None:
+    def coarse(self, name: str) -> Coarse | None:
         if self.coarse_logs is None:
             self.coarse_logs = {}
             stored = self._one(_COARSE)
@@ -469,12 +471,12 @@ class _SQLiteLog:
                 logs = json.loads(stored) if stored is not None else {}
                 for key, flat in logs.items():
                     if _well_formed(flat):
-                        self.coarse_logs[key] = sliding_log.Coarse(flat)
+                        self.coarse_logs[key] = Coarse(flat)
             except (ValueError, AttributeError, TypeError):
-                pass  # unreadable: each is begun again as if lost (sliding_log.coarse_of)
+                pass  # unreadable: each is begun again as if lost (coarse.coarse_of)
         return self.coarse_logs.get(name)
 
-    def keep_coarse(self, name: str, coarse: sliding_log.Coarse) -> None:
+    def keep_coarse(self, name: str, coarse: Coarse) -> None:
         self.coarse(name)  # (the others are read first, and written back with it)
         assert self.coarse_logs is not None
         self.coarse_logs[name] = coarse
@@ -516,7 +518,7 @@ class _SQLiteLog:
 
 
 def _well_formed(flat: Any) -> bool:
-    """Whether a stored coarse log is one (sliding_log.Coarse.flat): slots and totals
+    """Whether a stored coarse log is one (Coarse.flat): slots and totals
     that never go back; a row edited by hand may hold anything."""
     if not isinstance(flat, list) or len(flat) < 2 or len(flat) % 2:
         return False
@@ -795,7 +797,7 @@ class SQLiteBackend(Backend):
         self._writers = (os.getpid(), threading.Lock())
         self._async: ThreadedAsync | None = None
         self._all: list[_Connection] = []  # this process's connections, for close()
-        self._repairs = sliding_log.RepairNotice()
+        self._repairs = RepairNotice()
         self._disagree = Disagreements()  # workers whose cards of one key differ
         self._given_times = False  # whether operations carry their time (a test's clock)
         self._connection()  # fail now, naming the path, if the file cannot be used
@@ -1087,7 +1089,7 @@ def _reopen(path: Path, busy_timeout: float) -> SQLiteBackend:
 
 
 def _fingerprint(db: sqlite3.Connection, op: Fingerprint, now: int) -> str | None:
-    """A namespace's record (base.Fingerprint): the fingerprint it holds, kept if it is
+    """A namespace's record (ops.Fingerprint): the fingerprint it holds, kept if it is
     ``op``'s, begun with ``op``'s if it holds none (``ttl_us`` 0: only read)."""
     row = db.execute(_RECORD, (op.key, now)).fetchone()
     if not op.ttl_us:
@@ -1148,7 +1150,7 @@ def _fields(text: str) -> dict[str, int]:
 
 
 def _push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:
-    """Keep what a transport's pause says (base.Pushback), in the pause's transaction."""
+    """Keep what a transport's pause says (pushback.Pushback), in the pause's transaction."""
     row = db.execute(_PUSHBACK_OF, (op.key,)).fetchone()
     record = ("", 0, {}) if row is None else (row[1], row[2], _steps(row[3]))
     reason, until, steps = pushed_back(record, op, pause_until, now)
