@@ -20,7 +20,9 @@ from collections.abc import Callable
 import redis
 
 from throttle_client import Limiter, Rate, RedisBackend
-from throttle_client._backends.redis import SCRIPT, decode, encode
+from throttle_client._backends.redis_answers import decode
+from throttle_client._backends.redis_codec import encode
+from throttle_client._backends.redis_script import SCRIPT
 from throttle_client.testing import RedisServer
 
 REPLY = b"1 1700000000000000 1700000000000000 0 999999"  # what the script answers

@@ -124,7 +124,7 @@ def main() -> None:
             margin=0,
             namespace="floors",
         )
-        from throttle_client._backends.redis import encode
+        from throttle_client._backends.redis_codec import encode
 
         keys, args = encode(limiter._acquire_op("token", 1, 0, 0.0))
         ids = iter(range(10**9))
