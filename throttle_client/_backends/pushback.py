@@ -4,6 +4,7 @@ store keeps it and reads it back."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from .ops import Pause
@@ -11,6 +12,10 @@ from .ops import Pause
 # The refusals a key's pushback counts: in steps of 10 s, the last 6 (a minute).
 PUSHBACK_STEP_US = 10_000_000
 PUSHBACK_STEPS = 6
+
+# What a store keeps of a key's pushback: the reason of the transports' pause in force,
+# its end (µs), and the refusals per step.
+PushbackRecord = tuple[str, int, dict[int, int]]
 
 
 class Pushback(NamedTuple):
@@ -34,9 +39,7 @@ def refused_lately(steps: dict[int, int], now_us: int) -> int:
     return sum(n for step, n in steps.items() if newest - PUSHBACK_STEPS < step <= newest)
 
 
-def pushed_back(
-    record: tuple[str, int, dict[int, int]], op: Pause, pause_until: int, now: int
-) -> tuple[str, int, dict[int, int]]:
+def pushed_back(record: PushbackRecord, op: Pause, pause_until: int, now: int) -> PushbackRecord:
     """A key's pushback as a store keeps it (the reason of the transports' pause in
     force, its end, the refusals per step), after a transport's pause ``op`` at ``now``
     that left ``pause_until`` in force."""
@@ -57,3 +60,24 @@ def pushback_at(reason: str, until_us: int, steps: dict[int, int], now_us: int) 
         return Pushback(reason, refused_lately(steps, now_us), until_us / 1e6)
     said = Pushback(None, refused_lately(steps, now_us))
     return said if said.refused else None
+
+
+def in_force(
+    records: Iterable[tuple[str, PushbackRecord | None]], now_us: int
+) -> dict[str, Pushback]:
+    """The pushback of each key (store key, what the store keeps of it, if anything)
+    that has any in force at ``now_us``."""
+    told = {}
+    for key, record in records:
+        said = None if record is None else pushback_at(*record, now_us)
+        if said is not None:
+            told[key] = said
+    return told
+
+
+def pushback_ends(record: PushbackRecord) -> int:
+    """When a key's pushback says nothing any more: its pause is over and its newest
+    refusal has left the minute counted (refused_lately)."""
+    _, until, steps = record
+    counted = (max(steps, default=-PUSHBACK_STEPS) + PUSHBACK_STEPS) * PUSHBACK_STEP_US
+    return max(until, counted)

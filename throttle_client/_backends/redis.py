@@ -34,7 +34,7 @@ from .._flow import arun, run
 from .base import AsyncBackend, Backend
 from .batching import Batcher, Send, Wait
 from .ops import RECORD_TTL_US, Fingerprint, Op, namespace_prefix, namespace_record
-from .pushback import Pushback, pushback_at
+from .pushback import Pushback, PushbackRecord, in_force
 from .redis_clients import (
     CONNECTIONS,
     async_copy,
@@ -241,15 +241,13 @@ class RedisBackend(Backend):
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
         keys = list(store_keys)
         found = self._each("hgetall", [pushback_key(key) for key in keys])
-        now, told = int(time.time() * 1_000_000), {}
+        now, records = int(time.time() * 1_000_000), list[tuple[str, PushbackRecord | None]]()
         for key, fields in zip(keys, found, strict=True):
             record = {as_text(name): as_text(value) for name, value in fields.items()}
             steps = {int(n[2:]): int(v) for n, v in record.items() if _whole(n[2:], v)}
             until = int(record["until"]) if _whole(record.get("until", "")) else 0
-            said = pushback_at(record.get("reason", ""), until, steps, now)
-            if said is not None:
-                told[key] = said
-        return told
+            records.append((key, (record.get("reason", ""), until, steps)))
+        return in_force(records, now)
 
     def _read_cards(self, names: list[bytes]) -> Iterator[tuple[str, str]]:
         keys = [name[3:-5].decode() for name in names]  # (tc:KEY:card)

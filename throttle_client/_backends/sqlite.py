@@ -27,9 +27,9 @@ from typing import Any, TypeVar, cast
 
 from .._cards import Disagreements
 from .._errors import BackendUnavailable, ConfigurationError
-from . import history, leases
-from .answers import Verdict
+from . import beside, history, leases
 from .base import Backend, ThreadedAsync, host_clock
+from .expiries import GivenTimes
 from .ops import (
     RECORD_TTL_US,
     Acquire,
@@ -42,20 +42,18 @@ from .ops import (
     ReadHistory,
     Release,
     Renew,
-    Reset,
     namespace_prefix,
     namespace_record,
 )
-from .pushback import Pushback, pushback_at
+from .pushback import Pushback, in_force
 from .quota import KEPT_US, Quota
 from .repair import RepairNotice
-from .sqlite_beside import count_history, history_fields, keep_record, push_back, pushback_steps
+from .sqlite_beside import SQLiteBeside, history_fields
 from .sqlite_doorbell import SQLiteDoorbell
 from .sqlite_leases import SQLiteLeases
 from .sqlite_log import SQLiteLog
 from .sqlite_schema import (
     ALL_CARDS,
-    CARD,
     CARDS_OF,
     CARDS_STEP,
     DEAD_TICKETS,
@@ -65,11 +63,8 @@ from .sqlite_schema import (
     EXPIRED_HISTORY,
     EXPIRED_HOLDERS,
     EXPIRED_PUSHBACK,
-    FORGET_HISTORY,
     FORGET_KEY,
-    FORGET_PUSHBACK,
     HISTORY_OF,
-    PUSHBACK_OF,
     UNHOLD,
     open_file,
     transaction,
@@ -136,7 +131,7 @@ class SQLiteBackend(Backend):
         self._all: list[_Connection] = []  # this process's connections, for close()
         self._repairs = RepairNotice()
         self._disagree = Disagreements()  # workers whose cards of one key differ
-        self._given_times = False  # whether operations carry their time (a test's clock)
+        self._times = GivenTimes()  # which operations' times may forget keys
         self._connection()  # fail now, naming the path, if the file cannot be used
 
     def _connection(self) -> _Connection:
@@ -228,27 +223,9 @@ class SQLiteBackend(Backend):
             if writable:
                 for log in logs:
                     log.save()
-                for card in getattr(op, "cards", ()):
-                    lives = max((log.expires_at for log in logs), default=0)
-                    before = db.execute(CARDS_OF, (card.key, now)).fetchone()
-                    if before is not None and before[1] != card.text:
-                        self._disagree(card.key, before[1], card.text)
-                    db.execute(CARD, (card.key, card.text, max(lives, now + card.ttl_us)))
-                if isinstance(op, Pause) and (op.reason or op.refused):
-                    push_back(db, op, cast(int, result), now)
-                if isinstance(op, Reset):
-                    db.execute(FORGET_PUSHBACK, (op.key,))
-                    db.execute(FORGET_HISTORY, (op.key,))
-                if counts and cast(Verdict, result).allowed:
-                    assert isinstance(op, (Acquire, AcquireAll))
-                    count_history(db, op, cast(Verdict, result).slot_us, now)
-                # Keys expire by the clock their operations carry: with a test's clock, an
-                # operation on the host's (Backend.forget) sweeps nothing, as every key
-                # would look long expired to it.
-                self._given_times = self._given_times or op.now_us is not None
-                if conn.ops % _SWEEP_EVERY == 0 and (
-                    op.now_us is not None or not self._given_times
-                ):
+                beside.write(op, result, logs, counts, now, SQLiteBeside(db), self._disagree)
+                trusted = self._times.may_forget(op.now_us)  # (first: it notes a given time)
+                if conn.ops % _SWEEP_EVERY == 0 and trusted:
                     _sweep(db, now)
                 conn.ops += 1
         return result, repaired, granted
@@ -298,7 +275,7 @@ class SQLiteBackend(Backend):
         conn = self._connection()
         try:
             with self._writer_lock(), transaction(conn.db, "BEGIN IMMEDIATE"):
-                return keep_record(conn.db, op, op.time_us(time.time))
+                return SQLiteBeside(conn.db).record(op, op.time_us(time.time))
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
@@ -314,18 +291,15 @@ class SQLiteBackend(Backend):
         return found
 
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
-        now, told = int(self._clock() * 1_000_000), dict[str, Pushback]()
+        now = int(self._clock() * 1_000_000)
         try:
             db = self._connection().db
             with transaction(db, "BEGIN"):
-                rows = [db.execute(PUSHBACK_OF, (key,)).fetchone() for key in store_keys]
+                view = SQLiteBeside(db)
+                found = [(key, view.pushback_of(key)) for key in store_keys]
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
-        for row in rows:
-            said = None if row is None else pushback_at(row[1], row[2], pushback_steps(row[3]), now)
-            if said is not None:
-                told[row[0]] = said
-        return told
+        return in_force(found, now)
 
     def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
         """As :meth:`Backend.all_cards`: CARDS_STEP cards per read, by key."""

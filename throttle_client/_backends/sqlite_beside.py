@@ -6,34 +6,71 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from typing import cast
 
 from . import history
-from .ops import Acquire, AcquireAll, Fingerprint, Pause, history_cost
-from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, pushed_back
-from .sqlite_schema import HISTORY, HISTORY_OF, KEEP_RECORD, PUSH_BACK, PUSHBACK_OF, RECORD
+from .beside import kept_record
+from .ops import Fingerprint
+from .pushback import PUSHBACK_STEP_US, PUSHBACK_STEPS, PushbackRecord
+from .sqlite_schema import (
+    CARD,
+    CARDS_OF,
+    FORGET_HISTORY,
+    FORGET_PUSHBACK,
+    HISTORY,
+    HISTORY_OF,
+    KEEP_RECORD,
+    PUSH_BACK,
+    PUSHBACK_OF,
+    RECORD,
+)
 
 
-def keep_record(db: sqlite3.Connection, op: Fingerprint, now: int) -> str | None:
-    """A namespace's record (ops.Fingerprint): the fingerprint it holds, kept if it is
-    ``op``'s, begun with ``op``'s if it holds none (``ttl_us`` 0: only read)."""
-    row = db.execute(RECORD, (op.key, now)).fetchone()
-    if not op.ttl_us:
-        return None if row is None else str(row[0])
-    held: str = op.fingerprint if row is None else row[0]
-    if held == op.fingerprint:
-        db.execute(KEEP_RECORD, (op.key, held, now + op.ttl_us))
-    return held
+class SQLiteBeside:
+    """What the store keeps beside its keys (``beside.BesideView``): rows of its tables,
+    inside the current transaction of ``db``."""
 
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
 
-def count_history(db: sqlite3.Connection, op: Acquire | AcquireAll, slot: int, now: int) -> None:
-    """Count a call ``op`` booked at ``slot`` in each of its keys' usage history."""
-    for spec in op.history:
-        row = db.execute(HISTORY_OF, (spec.key, now)).fetchone()
+    def card(self, key: str, now: int) -> str | None:
+        row = self.db.execute(CARDS_OF, (key, now)).fetchone()
+        return None if row is None else cast(str, row[1])
+
+    def keep_card(self, key: str, text: str, expires: int) -> None:
+        self.db.execute(CARD, (key, text, expires))  # (the later expiry of the two wins)
+
+    def pushback_of(self, key: str) -> PushbackRecord | None:
+        row = self.db.execute(PUSHBACK_OF, (key,)).fetchone()
+        return None if row is None else (row[1], row[2], pushback_steps(row[3]))
+
+    def keep_pushback(self, key: str, record: PushbackRecord, now: int) -> None:
+        reason, until, steps = record
+        expires = max(until, now + (PUSHBACK_STEPS + 1) * PUSHBACK_STEP_US)
+        self.db.execute(PUSH_BACK, (key, reason, until, json.dumps(list(steps.items())), expires))
+
+    def history_of(self, key: str, now: int) -> dict[str, int]:
+        row = self.db.execute(HISTORY_OF, (key, now)).fetchone()
         fields = history_fields(row[0]) if row else {}
         fields.pop(history.SKIPPED, None)  # (what was left out is not written back)
-        history.record(fields, spec, slot, history_cost(op, spec.key))
-        expires = slot + history.kept_us(spec.keep)
-        db.execute(HISTORY, (spec.key, json.dumps(fields, separators=(",", ":")), expires))
+        return fields
+
+    def keep_history(self, key: str, fields: dict[str, int], expires: int) -> None:
+        self.db.execute(HISTORY, (key, json.dumps(fields, separators=(",", ":")), expires))
+
+    def forget(self, key: str) -> None:
+        # (Its card went with its log: see FORGET_KEY.)
+        self.db.execute(FORGET_PUSHBACK, (key,))
+        self.db.execute(FORGET_HISTORY, (key,))
+
+    def record(self, op: Fingerprint, now: int) -> str | None:
+        """A namespace's record (``beside.kept_record``)."""
+        row = self.db.execute(RECORD, (op.key, now)).fetchone()
+        held = None if row is None else str(row[0])
+        told, write = kept_record(held, op.fingerprint, op.ttl_us > 0)
+        if write:
+            self.db.execute(KEEP_RECORD, (op.key, op.fingerprint, now + op.ttl_us))
+        return told
 
 
 def history_fields(text: str) -> dict[str, int]:
@@ -54,15 +91,6 @@ def history_fields(text: str) -> dict[str, int]:
     if len(fields) < len(stored):
         fields[history.SKIPPED] = len(stored) - len(fields)
     return fields
-
-
-def push_back(db: sqlite3.Connection, op: Pause, pause_until: int, now: int) -> None:
-    """Keep what a transport's pause says (pushback.Pushback), in the pause's transaction."""
-    row = db.execute(PUSHBACK_OF, (op.key,)).fetchone()
-    record = ("", 0, {}) if row is None else (row[1], row[2], pushback_steps(row[3]))
-    reason, until, steps = pushed_back(record, op, pause_until, now)
-    expires = max(until, now + (PUSHBACK_STEPS + 1) * PUSHBACK_STEP_US)
-    db.execute(PUSH_BACK, (op.key, reason, until, json.dumps(list(steps.items())), expires))
 
 
 def pushback_steps(text: str) -> dict[int, int]:
