@@ -120,7 +120,7 @@ class RedisBackend(Backend):
     Give it a redis-py client, or a URL (``redis://``, ``rediss://``, ``unix://``);
     ``cluster=True`` makes a URL into a ``RedisCluster``. The script runs over
     connections of the backend's own, with bounded timeouts and no hidden retries
-    (see ``_redis_clients``); a standalone or Sentinel client you pass is copied for
+    (see ``redis_clients``); a standalone or Sentinel client you pass is copied for
     that, never changed, and stays yours to close.
 
     >>> backend = RedisBackend(redis.Redis.from_url("redis://localhost:6379/0"))

@@ -1,7 +1,7 @@
 """The sliding-window log algorithm of docs/design.md §1, written once over a small storage view.
 
 The memory and SQLite backends run this module. The Redis Lua script
-(``lua/*.lua``, joined by redis.py) runs the same algorithm, step for step, over a storage
+(``lua/*.lua``, joined by redis_script.py) runs the same algorithm, step for step, over a storage
 laid out for as few Redis calls as possible (see its header); the test suite holds
 all of them to a naive reference model, on the same random sequences.
 

@@ -168,7 +168,7 @@ EXPIRED_CARDS = (
 RECORD = "SELECT value FROM tc_records WHERE key = ? AND expires_at > ?"
 KEEP_RECORD = "INSERT OR REPLACE INTO tc_records (key, value, expires_at) VALUES (?, ?, ?)"
 EXPIRED = "SELECT key FROM tc_meta WHERE expires_at > 0 AND expires_at <= ? LIMIT ?"
-# A capped key's holders and queue (``_SQLiteLeases``), each one index search too.
+# A capped key's holders and queue (``sqlite_leases``), each one index search too.
 PRUNE = "DELETE FROM tc_holders WHERE key = ? AND expires_at <= ?"
 HOLDING = "SELECT count(*) FROM tc_holders WHERE key = ?"
 IN_FLIGHT = "SELECT count(*) FROM tc_holders WHERE key = ? AND expires_at > ?"

@@ -1,6 +1,6 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The script, part 1 of 12: the storage, the arguments and replies, quotas and a key's M.
--- The backend (_backends/redis.py, PARTS) joins the parts in order: each uses only what
+-- The backend (_backends/redis_script.py, PARTS) joins the parts in order: each uses only what
 -- the parts before it define.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
 -- shaped so that an admission costs five redis.call()s: TIME, GET, ZRANGE (L's newest
