@@ -125,7 +125,7 @@ def main() -> None:
             margin=0,
             namespace="floors",
         )
-        from throttle_client._backends.redis import encode
+        from throttle_client._backends.redis_codec import encode
 
         keys, args = encode(acquire_op(limiter, "token", 1, 0, 0.0))
         ids = iter(range(10**9))

@@ -29,6 +29,7 @@ from throttle_client import (
     RedisBackend,
 )
 from throttle_client._backends import redis as R
+from throttle_client._backends import redis_answers, redis_codec, redis_script
 from throttle_client._backends.base import (
     Acquire,
     Buckets,
@@ -59,14 +60,14 @@ QUOTAS = [
 def run_ops(client: redis.Redis, ops: list[Op[Any]]) -> list[Any]:
     """One script call for ``ops`` (EVALSHA: the same text as the function), each one's
     answer or the error it raises."""
-    keys, args = R.encode_batch(ops)
-    client.script_load(R.SCRIPT)
+    keys, args = redis_codec.encode_batch(ops)
+    client.script_load(redis_script.SCRIPT)
     try:
-        reply = client.evalsha(R.SHA, len(keys), *keys, *args)
+        reply = client.evalsha(redis_script.SHA, len(keys), *keys, *args)
     except redis.exceptions.ResponseError as exc:  # (one operation alone: raised)
         assert len(ops) == 1
         return [R.translate(exc)]
-    return R.decode_batch(ops, reply, R.RepairNotice())
+    return redis_answers.decode_batch(ops, reply, R.RepairNotice())
 
 
 # The meta with its expiry (field 7) zeroed: a batch writes a key's meta once, with the

@@ -641,7 +641,7 @@ def test_a_user_who_may_call_but_not_load_functions_calls_the_loaded_library(
 ) -> None:
     """An operator loaded the library; the workers' user has +fcall, not +function|load:
     a new connection's load is refused (NOPERM), and the calls stay FCALLs."""
-    from throttle_client._backends.redis import LIBRARY
+    from throttle_client._backends.redis_script import LIBRARY
 
     admin = redis.Redis.from_url(redis7.url)
     admin.flushall()

@@ -37,6 +37,7 @@ from throttle_client import (
     ThrottleTimeout,
 )
 from throttle_client._backends import sqlite as _sqlite
+from throttle_client._backends import sqlite_schema
 from throttle_client.testing import FakeClock
 
 TOKEN = "tok_live_8f3a9c2e51d04b7e"
@@ -50,7 +51,7 @@ def limiter_on(path: Path, clock: FakeClock, **kwargs: object) -> Limiter:
 def test_every_lookup_is_an_index_search(tmp_path: Path) -> None:
     """O(log n) per lookup: SQLite must search an index, never scan or sort a table."""
     db = SQLiteBackend(tmp_path / "l.db")._connection().db
-    for sql in _sqlite.LOOKUPS:
+    for sql in sqlite_schema.LOOKUPS:
         args = (1,) * sql.count("?")
         plan = " | ".join(row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, args))
         assert "SEARCH" in plan and "SCAN" not in plan and "TEMP B-TREE" not in plan, (sql, plan)

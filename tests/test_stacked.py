@@ -33,7 +33,7 @@ from throttle_client._backends.base import (
     Pause,
     Quota,
 )
-from throttle_client._backends.redis import lease_keys, redis_keys
+from throttle_client._backends.redis_codec import lease_keys, redis_keys
 from throttle_client._redis_server import free_port
 from throttle_client.testing import FakeClock
 

@@ -70,7 +70,7 @@ def windows_for(
     """What the store needs of ``window`` for a decision at store time ``now_us``: the
     start of the window holding now, and from the windows holding now and each time of
     ``around_us`` (times stale answers named), that one and ``AHEAD`` more. A bounded
-    rate's are named for the coarse log that counts them (base.Windows.name)."""
+    rate's are named for the coarse log that counts them (quota.Windows.name)."""
     keep_from = window.bounds(now_us)[0]
     spans: set[tuple[int, int]] = set()
     for moment in (now_us, *around_us):

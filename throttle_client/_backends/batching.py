@@ -45,7 +45,7 @@ from collections.abc import Callable, Generator, Hashable
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .._errors import BackendUnavailable
-from .base import Op
+from .ops import Op
 
 S = TypeVar("S")  # a step of the call's flow
 T = TypeVar("T")

@@ -5,7 +5,8 @@ matter any more (a log past its horizon, leases whose holders died, a card, a pu
 a usage history past their TTLs). Looking at every key to find those would cost a sweep
 O(keys); a heap of the times to look again finds the few that are due, and the store
 forgets a few of them per operation, so that its size follows the keys in use, never
-the keys it ever saw, and no operation pays for all of them.
+the keys it ever saw, and no operation pays for all of them. Which operations' times
+may forget keys at all (:class:`GivenTimes`) is the same in every store.
 """
 
 from __future__ import annotations
@@ -81,3 +82,18 @@ class Expiring(Generic[V]):
         self.items.update(kept)
         self._scheduled = set(self._scheduled)
         self._peak = len(self._scheduled)
+
+
+class GivenTimes:
+    """Which operations' times a store may forget expired keys by: keys expire by the
+    clock their operations carry. In a store driven by a test's clock, an operation on
+    the host's (ping, Backend.forget) forgets nothing, as every key would look long
+    expired to it."""
+
+    def __init__(self) -> None:
+        self.given = False  # whether operations carry their time (a test's clock)
+
+    def may_forget(self, now_us: int | None) -> bool:
+        """Whether an operation that carries ``now_us`` (None: the store's clock) may."""
+        self.given = self.given or now_us is not None
+        return now_us is not None or not self.given

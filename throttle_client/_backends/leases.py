@@ -34,17 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from . import sliding_log
-from .base import (
-    AcquireAll,
-    Charge,
-    Inspect,
-    Op,
-    Release,
-    Renew,
-    Reset,
-    Snapshot,
-    Verdict,
-)
+from .answers import Snapshot, Verdict
+from .ops import AcquireAll, Charge, Inspect, Op, Release, Renew, Reset
 
 T = TypeVar("T")
 

@@ -14,7 +14,8 @@ import inspect
 import warnings
 from typing import Any, TypeVar
 
-from .base import AsyncBackend, Backend, Op
+from .base import AsyncBackend, Backend
+from .ops import Op
 
 T = TypeVar("T")
 

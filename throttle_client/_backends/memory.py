@@ -9,30 +9,20 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from .._cards import Disagreements
-from . import history, leases
-from .base import (
-    KEPT_US,
-    PUSHBACK_STEP_US,
-    PUSHBACK_STEPS,
+from . import beside, history, leases
+from .base import Backend, InlineAsync, host_clock
+from .beside import kept_record
+from .coarse import Coarse
+from .expiries import Expiring, GivenTimes
+from .ops import (
     RECORD_TTL_US,
-    Acquire,
-    AcquireAll,
-    Backend,
-    InlineAsync,
     Op,
-    Pause,
-    Pushback,
     ReadHistory,
-    Reset,
-    Verdict,
-    history_cost,
-    host_clock,
     namespace_prefix,
-    pushback_at,
-    pushed_back,
 )
-from .expiries import Expiring
-from .sliding_log import LIFE_RESET, Coarse
+from .pushback import Pushback, PushbackRecord, in_force, pushback_ends
+from .quota import KEPT_US
+from .sliding_log import LIFE_RESET
 
 T = TypeVar("T")
 
@@ -225,9 +215,7 @@ class MemoryBackend(Backend):
         self._logs: dict[str, _MemoryLog] = {}
         self._leases: dict[str, _MemoryLeases] = {}
         self._cards: dict[str, tuple[str, int]] = {}  # store key -> (card, expires µs)
-        # Store key -> the reason of the transports' pause, its end (µs), and the
-        # refusals per step (``Pushback``).
-        self._pushback: dict[str, tuple[str, int, dict[int, int]]] = {}
+        self._pushback: dict[str, PushbackRecord] = {}
         self._history: dict[str, tuple[dict[str, int], int]] = {}  # (fields, expires µs)
         # Each kind of per-key state, and when each key's may go: a log past its horizon
         # (one without an expiry stays until an operation gives it one), leases whose
@@ -236,7 +224,7 @@ class MemoryBackend(Backend):
         self._expiring_logs = Expiring(self._logs, _log_ends)
         self._expiring_leases = Expiring(self._leases, _MemoryLeases.ends)
         self._expiring_cards = Expiring(self._cards, lambda card: card[1])
-        self._expiring_pushback = Expiring(self._pushback, _pushback_ends)
+        self._expiring_pushback = Expiring(self._pushback, pushback_ends)
         self._expiring_history = Expiring(self._history, lambda kept: kept[1])
         self._expiring: tuple[Expiring[Any], ...] = (
             self._expiring_logs,
@@ -245,11 +233,14 @@ class MemoryBackend(Backend):
             self._expiring_pushback,
             self._expiring_history,
         )
+        self._beside = _MemoryBeside(
+            self._expiring_cards, self._expiring_pushback, self._expiring_history
+        )
         self._seen = 0  # the latest time an operation ran at (µs): cards read at it
         self._disagree = Disagreements()  # workers whose cards of one key differ
         # Namespace -> its record (Backend.fingerprint): the fingerprint, its expiry µs.
         self._records: dict[str, tuple[str, int]] = {}
-        self._given_times = False  # whether operations carry their time (a test's clock)
+        self._times = GivenTimes()  # which operations' times may forget keys
         self._lock = threading.Lock()
 
     def execute(self, op: Op[T]) -> T:
@@ -258,11 +249,7 @@ class MemoryBackend(Backend):
             now = op.time_us(self._clock)
             self._seen = max(self._seen, now)
             result = self._run(op, now, granted)
-            # Keys expire by the clock their operations carry: in a store driven by a
-            # test's clock, an operation on the host's (ping, Backend.forget) forgets
-            # nothing else, as every key would look long expired to it.
-            self._given_times = self._given_times or op.now_us is not None
-            if op.now_us is not None or not self._given_times:
+            if self._times.may_forget(op.now_us):
                 most = _FORGET_STEP * max(1, len(leases.log_keys(op)))
                 for kind in self._expiring:
                     kind.forget(now, most)
@@ -283,28 +270,7 @@ class MemoryBackend(Backend):
             return self._leases.setdefault(key, _MemoryLeases())
 
         result = leases.execute(op, logs, view, now, granted)
-        if isinstance(op, Reset):
-            self._cards.pop(op.key, None)
-            self._pushback.pop(op.key, None)
-            self._history.pop(op.key, None)
-        if counts and cast(Verdict, result).allowed:
-            assert isinstance(op, (Acquire, AcquireAll))
-            slot = cast(Verdict, result).slot_us
-            for spec in op.history:
-                fields, _ = self._history.get(spec.key, ({}, 0))
-                history.record(fields, spec, slot, history_cost(op, spec.key))
-                self._history[spec.key] = (fields, slot + history.kept_us(spec.keep))
-                self._expiring_history.written(spec.key)
-        if isinstance(op, Pause) and (op.reason or op.refused):
-            self._push_back(op, cast(int, result), now)
-            self._expiring_pushback.written(op.key)
-        for card in getattr(op, "cards", ()):
-            lives = max((log.expires_at for log in logs if log.expires_at), default=0)
-            before = self._cards.get(card.key)
-            if before is not None and before[1] > now and before[0] != card.text:
-                self._disagree(card.key, before[0], card.text)
-            self._cards[card.key] = (card.text, max(lives, now + card.ttl_us))
-            self._expiring_cards.written(card.key)
+        beside.write(op, result, logs, counts, now, self._beside, self._disagree)
         for key, log in zip(keys, logs, strict=True):
             if (
                 not log.times
@@ -331,22 +297,15 @@ class MemoryBackend(Backend):
             log.born = now
         return log
 
-    def _push_back(self, op: Pause, pause_until: int, now: int) -> None:
-        record = self._pushback.get(op.key, ("", 0, {}))
-        self._pushback[op.key] = pushed_back(record, op, pause_until, now)
-
     def fingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`: by the host's clock (a record lasts a month),
         apart from the keys' operations, whose clock may be a test's."""
         now = int(time.time() * 1_000_000)
         with self._lock:
-            told, expires = self._records.get(namespace, (value, 0))
-            if expires <= now:
-                told = value
-            if expires <= now and not keep:
-                return None
-            if told == value and keep:
-                self._records[namespace] = (told, now + RECORD_TTL_US)
+            held, expires = self._records.get(namespace, (value, 0))
+            told, write = kept_record(held if expires > now else None, value, keep)
+            if write:
+                self._records[namespace] = (value, now + RECORD_TTL_US)
         return told
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
@@ -356,13 +315,8 @@ class MemoryBackend(Backend):
 
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
         with self._lock:
-            now, found = self._seen, {key: self._pushback.get(key) for key in store_keys}
-        told = {}
-        for key, record in found.items():
-            said = None if record is None else pushback_at(*record, now)
-            if said is not None:
-                told[key] = said
-        return told
+            now, found = self._seen, [(key, self._pushback.get(key)) for key in store_keys]
+        return in_force(found, now)
 
     def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
         prefix = namespace_prefix(namespace)
@@ -380,9 +334,42 @@ class MemoryBackend(Backend):
         return f"MemoryBackend(keys={len(self._logs)})"
 
 
-def _pushback_ends(record: tuple[str, int, dict[int, int]]) -> int:
-    """When a key's pushback says nothing any more: its pause is over and its newest
-    refusal has left the minute counted (base.refused_lately)."""
-    _, until, steps = record
-    counted = (max(steps, default=-PUSHBACK_STEPS) + PUSHBACK_STEPS) * PUSHBACK_STEP_US
-    return max(until, counted)
+class _MemoryBeside:
+    """What the store keeps beside its keys (``beside.BesideView``): its dicts, each kind
+    scheduled to be forgotten once its time is up (``expiries``)."""
+
+    def __init__(
+        self,
+        cards: Expiring[tuple[str, int]],
+        pushback: Expiring[PushbackRecord],
+        history: Expiring[tuple[dict[str, int], int]],
+    ) -> None:
+        self.cards, self.pushback, self.history = cards, pushback, history
+
+    def card(self, key: str, now: int) -> str | None:
+        found = self.cards.items.get(key)
+        return found[0] if found is not None and found[1] > now else None
+
+    def keep_card(self, key: str, text: str, expires: int) -> None:
+        self.cards.items[key] = (text, expires)
+        self.cards.written(key)
+
+    def pushback_of(self, key: str) -> PushbackRecord | None:
+        return self.pushback.items.get(key)
+
+    def keep_pushback(self, key: str, record: PushbackRecord, now: int) -> None:
+        self.pushback.items[key] = record
+        self.pushback.written(key)
+
+    def history_of(self, key: str, now: int) -> dict[str, int]:
+        # (One past its time is counted in as it is: history.record drops the periods
+        # no longer kept when a new one begins.)
+        return self.history.items.get(key, ({}, 0))[0]
+
+    def keep_history(self, key: str, fields: dict[str, int], expires: int) -> None:
+        self.history.items[key] = (fields, expires)
+        self.history.written(key)
+
+    def forget(self, key: str) -> None:
+        for kind in (self.cards, self.pushback, self.history):
+            kind.items.pop(key, None)

@@ -1,7 +1,7 @@
 """The sliding-window log algorithm of docs/design.md §1, written once over a small storage view.
 
 The memory and SQLite backends run this module. The Redis Lua script
-(``lua/*.lua``, joined by redis.py) runs the same algorithm, step for step, over a storage
+(``lua/*.lua``, joined by redis_script.py) runs the same algorithm, step for step, over a storage
 laid out for as few Redis calls as possible (see its header); the test suite holds
 all of them to a naive reference model, on the same random sequences.
 
@@ -13,44 +13,31 @@ lookup: the work per decision is O(log n) per rate, whatever the cost of a call.
 Entries older than the longest exact window are trimmed (5 s when every rate is
 bounded, below); ``base`` is the running total at the newest trimmed entry.
 
-A bounded rate (Rate.bounded, docs/design.md §1 "Bounded rates") counts in a coarse log
-of its own instead (:class:`Coarse`): one entry per bucket, at the bucket's last moment,
-carrying the key's running total after the bucket's last call. The window arithmetic
-below runs over it unchanged, so it counts each call as if it came at the end of its
-bucket: in a window until the bucket's last moment leaves it. That is never fewer than
-the calls' own slots count (never over the limit), and holds a call back at most one
-bucket longer. A calendar rate's buckets end at its windows' boundaries (the end, and
-the margin before it), the only times its windows are read at: exact there.
+Bounded rates count in coarse logs of their own (``coarse``), calendar rates and a limit
+learned from the upstream in fixed windows (``calendar_windows``); a store that lost part
+of a key rebuilds it by the rules of ``repair`` ("partial state").
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
-from .base import (
-    Acquire,
-    AcquireAll,
-    Buckets,
-    Charge,
-    Inspect,
-    Learn,
-    Op,
-    Pause,
-    Period,
-    Quota,
-    Reset,
-    Snapshot,
-    Verdict,
-    Windows,
+from .answers import Snapshot, Verdict
+from .calendar_windows import (
+    Stale,
+    calendar_slot,
+    check_now,
+    counted,
+    counting,
+    learned_units,
+    since_keep_from,
 )
+from .coarse import Coarse, Counts, coarse_of, coarse_rates, counted_before, counts
+from .ops import Acquire, AcquireAll, Charge, Inspect, Learn, Op, Pause, Reset
+from .quota import Buckets, Period, Quota, Windows
 
 T = TypeVar("T")
-MAX_TIME = 2**63  # after any time a store works with (see _ranges)
-logger = logging.getLogger("throttle_client")
 
 
 class LogView(Protocol):
@@ -65,7 +52,7 @@ class LogView(Protocol):
     # every trimmed unit as at this slot, the latest it can be: never too few.
     trimmed: int
     pause_until: int
-    # What the upstream said (base.Learn): (since, until, limit, from_cum), or None.
+    # What the upstream said (ops.Learn): (since, until, limit, from_cum), or None.
     learned: tuple[int, int, int, int] | None
     born: int  # when the running totals began: a key forgotten begins again from 0
     # How this life of the key began (LIFE_*): afresh, at a reset, after a loss (held),
@@ -113,109 +100,6 @@ class LogView(Protocol):
         """Store ``coarse`` as the key's coarse log ``name`` (with the key's life)."""
 
 
-class Counts(Protocol):
-    """What the window arithmetic reads: a key's log, or one of its coarse logs."""
-
-    @property
-    def total(self) -> int: ...
-    @property
-    def base(self) -> int: ...
-    @property
-    def trimmed(self) -> int: ...
-    def time_at_cum(self, target: int) -> int: ...
-    def cum_through(self, t: int) -> int: ...
-
-
-class Coarse:
-    """A bounded rate's log: ``(slot, running total)`` entries, one per bucket at the
-    bucket's last moment. The first entry is the base: every unit up to its total lies
-    at or before its slot, which is before every window still read (the marker a trim
-    leaves), so no separate ``base`` has to be kept. One entry per bucket from the
-    window's start to the newest booked slot: about ``buckets + 3`` for a sliding rate
-    (its window widened by the margin) while no call is booked further ahead."""
-
-    __slots__ = ("cums", "times")
-
-    def __init__(self, flat: Sequence[int]) -> None:
-        """From ``[slot, total, slot, total, ...]`` (:meth:`flat`)."""
-        self.times = list(flat[0::2])
-        self.cums = list(flat[1::2])
-
-    @property
-    def total(self) -> int:
-        return self.cums[-1]
-
-    @property
-    def base(self) -> int:
-        return self.cums[0]
-
-    @property
-    def trimmed(self) -> int:  # (the base's units all lie at or before its slot)
-        return self.times[0]
-
-    def flat(self) -> list[int]:
-        return [n for pair in zip(self.times, self.cums, strict=True) for n in pair]
-
-    def time_at_cum(self, target: int) -> int:
-        return self.times[bisect_left(self.cums, target)]
-
-    def cum_through(self, t: int) -> int:
-        index = bisect_right(self.times, t)
-        return self.cums[index - 1] if index else self.cums[0]
-
-    def add(self, placed: int, cost: int) -> None:
-        """``cost`` more in the bucket ending at ``placed`` (a bucket before the newest
-        one's end, which never comes from a slot: counted in the newest, later)."""
-        if placed <= self.times[-1]:
-            self.cums[-1] += cost
-        else:
-            self.times.append(placed)
-            self.cums.append(self.cums[-1] + cost)
-
-    def trim(self, cutoff: int) -> None:
-        """Drop the entries no window from now on reads: all before the newest entry at
-        or before ``cutoff``, which stays as the base."""
-        index = bisect_right(self.times, cutoff) - 1
-        if index > 0:
-            del self.times[:index], self.cums[:index]
-
-
-def coarse_of(log: LogView, name: str) -> Coarse:
-    """The key's coarse log ``name``, holding every unit the key's log holds. A key
-    without one (new, or its rate just made bounded, or lost: the stores keep it with
-    the meta) begins one; units it lacks (calls booked while the rate was not bounded)
-    are put at the newest slot, as a lost log is repaired: never too few. Either is kept
-    only when a call is booked in it (:func:`book`), on every store alike."""
-    coarse = log.coarse(name)
-    if coarse is None or coarse.total > log.total:
-        return Coarse([0, log.total] if log.last is None else [0, 0, log.last, log.total])
-    if coarse.total < log.total:
-        assert log.last is not None
-        coarse = Coarse(coarse.flat())  # (a copy: the stored one is left as it is)
-        coarse.add(log.last, log.total - coarse.total)
-    return coarse
-
-
-def counted_before(log: LogView, quota: Quota, t: int, now: int) -> int | None:
-    """Units before ``t`` as the coarse logs of the key's bounded rates whose windows
-    still reach ``t`` count them: none more than there were (each counts a call at its
-    bucket's end, never earlier), so the largest is a lower bound, which errs towards
-    counting more from ``t`` on. (Such a log's base lies before every window it still
-    reads, so before ``t``.) None when no bounded rate's window reaches ``t``."""
-    bounds = [
-        coarse_of(log, name).cum_through(t - 1)
-        for name, (_, cutoff) in _coarse_rates(quota, now).items()
-        if cutoff < t
-    ]
-    return max(bounds, default=None)
-
-
-def counts(log: LogView, period: Period) -> Counts:
-    """The log that counts a rate: its coarse log if it is bounded, else the key's."""
-    name = "" if isinstance(period, int) else period.name
-    return coarse_of(log, name) if name else log
-
-
 def placed(period: Buckets | Windows, slot: int) -> int:
     """The last moment of the bucket that counts a call at ``slot``: of its bucket of
     ``width_us``, or of its calendar window, or of the margin before that window's end
@@ -230,7 +114,7 @@ def placed(period: Buckets | Windows, slot: int) -> int:
 def book(log: LogView, quota: Quota, slot: int, cost: int, call_id: str, now: int) -> None:
     """Log a call at ``slot``: in each of its bounded rates' coarse logs (once per
     log), then in the key's own; trims both, and keeps the key as long as they matter."""
-    for name, (period, cutoff) in _coarse_rates(quota, now).items():
+    for name, (period, cutoff) in coarse_rates(quota, now).items():
         coarse = coarse_of(log, name)
         coarse.add(placed(period, slot), cost)
         coarse.trim(cutoff)
@@ -238,18 +122,6 @@ def book(log: LogView, quota: Quota, slot: int, cost: int, call_id: str, now: in
     log.append(slot, cost, call_id)
     log.trim(quota.keep_from(now) - 1)  # (a learned limit needs none of them)
     log.expire_at(max(slot, log.pause_until) + quota.horizon_us)
-
-
-def _coarse_rates(quota: Quota, now: int) -> dict[str, tuple[Buckets | Windows, int]]:
-    """A quota's coarse logs by name: the period of a bounded rate counted in it, and
-    the slot at or before which no window from ``now`` on reads it."""
-    rates: dict[str, tuple[Buckets | Windows, int]] = {}
-    for _, period in quota.limits:
-        if isinstance(period, Buckets):
-            rates[period.name] = (period, now - period.period_us)
-        elif isinstance(period, Windows) and period.name:
-            rates[period.name] = (period, period.keep_from - period.margin_us - 1)
-    return rates
 
 
 def sliding(period: Period) -> int | None:
@@ -273,94 +145,9 @@ def fits_at(log: Counts, limit: int, period: int, cost: int) -> int:
     return (log.time_at_cum(target) if target > log.base else log.trimmed) + period
 
 
-# -- calendar rates (issue 11) ---------------------------------------------------------------
-# A calendar rate counts the units of each fixed window, from its start less the margin to
-# its end (see base.Windows). A slot counts in its own window and, within the margin of
-# that window's end, in the next one too. Slots never go backwards, so a new slot lies at
-# or after every entry: a window that is full at the earliest slot moves it to the
-# window's end, where the next window holds nothing but entries within the margin of its
-# start; so a rate moves a slot at most twice, and the other constraints, met at the
-# earlier slot, stay met at the later one.
-
-
-class Stale(Exception):
-    """A decision needs a calendar window the limiter did not give: ``at`` is the time."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__(at)
-        self.at = at
-
-
-def counting(windows: Windows, slot: int) -> range:
-    """The indices of the given windows that count ``slot``: its own, and the next one
-    too within the margin of its end; Stale if one of them is not given."""
-    spans, margin = windows.spans, windows.margin_us
-    own = bisect_right(spans, (slot, MAX_TIME)) - 1
-    if own < 0 or slot >= spans[own][1]:
-        raise Stale(slot)
-    if slot < spans[own][1] - margin:
-        return range(own, own + 1)
-    if own + 1 == len(spans) or spans[own + 1][0] != spans[own][1]:
-        raise Stale(slot)
-    return range(own, own + 2)
-
-
-def counted(log: LogView, windows: Windows, i: int) -> int:
-    """Units window ``i`` counts: slots from the margin before its start to its end."""
-    start, end = windows.spans[i]
-    source = counts(log, windows)
-    return source.cum_through(end - 1) - source.cum_through(start - windows.margin_us - 1)
-
-
-def since_keep_from(log: LogView, windows: Windows, through: int | None = None) -> int:
-    """Units in the window that holds now (it starts at ``keep_from``), through
-    ``through`` (None: every booked slot, of this window or later: an upper bound).
-    (The key's log gives ``through``: a bounded rate's coarse log is exact only at
-    its windows' boundaries, and the running totals are the key's in both.)"""
-    older = counts(log, windows).cum_through(windows.keep_from - windows.margin_us - 1)
-    return (log.total if through is None else log.cum_through(through)) - older
-
-
-def calendar_slot(log: LogView, quota: Quota, slot: int, cost: int, *, learned: bool = True) -> int:
-    """The earliest slot from ``slot`` at which ``cost`` fits every calendar rate, and
-    (``learned``) the limit learned from the upstream: a window of its own, which moves
-    a slot inside it that does not fit to its end, the upstream's reset."""
-    moved = True
-    while moved:
-        moved = False
-        for limit, period in quota.limits:
-            if isinstance(period, Windows):
-                for i in counting(period, slot):
-                    if counted(log, period, i) + cost > limit:
-                        slot, moved = period.spans[i][1], True
-                        break
-        if learned and log.learned is not None:
-            since, until, limit, _ = log.learned
-            if since <= slot < until and learned_units(log) + cost > limit:
-                slot, moved = until, True
-    return slot
-
-
-def learned_units(log: LogView) -> int:
-    """Units a learned limit counts: slots from its ``since`` up to its ``until``. Slots
-    never go backwards, so every entry after the running total it starts from
-    (``from_cum``, marked when the answered call was admitted) lies from ``since`` on:
-    that count holds whatever has been trimmed since."""
-    assert log.learned is not None
-    _, until, _, from_cum = log.learned
-    return log.cum_through(until - 1) - from_cum
-
-
 def mark(log: LogView, op: Acquire | AcquireAll, slot: int) -> int:
     """Verdict.mark for an admitted call at ``slot``, if it asked for it."""
     return log.cum_through(slot - op.mark_us - 1) if op.mark_us >= 0 else -1
-
-
-def check_now(quota: Quota, now: int) -> None:
-    """Stale unless every calendar rate's windows begin at or before ``now``."""
-    for _, period in quota.limits:
-        if isinstance(period, Windows) and now < period.keep_from:
-            raise Stale(now)
 
 
 def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
@@ -598,73 +385,3 @@ def execute(log: LogView, op: Op[T], now: int) -> T:
         log.begin(max(now, forgotten + 1), LIFE_RESET)
         return cast(T, None)
     raise TypeError(f"unknown operation {op!r}")
-
-
-# -- partial state ------------------------------------------------------------------------
-# A store may lose one part of a key and keep the other (Redis: maxmemory eviction, a
-# DEL; SQLite: rows removed by hand), or hold a part it cannot read. The store rebuilds
-# what is missing in the same atomic step, by the rules below, which never admit a call
-# that the lost state would have refused:
-#
-# - entries lost, summary kept: all of the lost units are put at the newest slot
-#   (``last``), so a rate they fill waits until ``last`` + its period: a stall of at
-#   most one period after the last slot, never over-use;
-# - summary lost or unreadable, entries kept: ``last`` and ``total`` come from the newest
-#   entry, ``base`` from the oldest (:func:`rebuilt_base`); a pause in force is lost.
-# - Entries that no window can reach any more are simply dropped: that is a key that
-#   expired, not a loss.
-#
-# Or the summary reads well and holds what no step writes (a hand in the store, a backup
-# restored): numbers out of range or at odds with each other, or with the newest entry,
-# which the stores read with the summary at no extra cost. A summary that counts fewer
-# units than the entries hold (or says there are none) is rebuilt from them as if lost,
-# its pause kept ("damaged"); entries that hold fewer units than it counts get the
-# missing ones at the newest slot ("log"). A time further ahead than any limiter sets
-# (_ranges.FAR_AHEAD_US) has no such repair: the store refuses the key, by name, until
-# it is reset.
-
-
-def rebuilt_base(oldest_cum: int, quota: Quota, *, repaired: bool = False) -> int:
-    """``base`` for a log whose summary is lost, from the running total at its oldest
-    entry: that entry cost at most the smallest limit (a larger cost is never admitted),
-    so this counts too much, never too little. An entry made by a repair (all of a lost
-    log's units at one slot) may hold any number of units: then 0."""
-    if repaired:
-        return 0
-    return max(0, oldest_cum - min(limit for limit, _ in quota.limits))
-
-
-def still_matters(newest_slot: int, quota: Quota, now: int) -> bool:
-    """Whether an entry at ``newest_slot`` can still bear on a decision at ``now``."""
-    return newest_slot + quota.horizon_us > now
-
-
-REPAIRS = {
-    "log": "its log was lost (evicted, deleted, or expired before its meta; or only some of "
-    "its entries); the units it lacks are now counted at its newest slot, so it may wait up "
-    "to its longest period after that slot",
-    "meta": "its meta was lost or unreadable; it was rebuilt from the log, counting "
-    "conservatively, and any pause in force was lost",
-    "damaged": "its meta held values no limiter writes (a running total below its base or "
-    "unlike its log's, a log it called empty, a negative or fractional field); it was rebuilt "
-    "from the log, counting conservatively, and a pause in force was kept",
-    "older": "it was written by an older version's Redis layout and is rewritten in this "
-    "one, entry for entry; the call ids it held are dropped, so a retry begun before the "
-    "upgrade books a new slot",
-}
-
-
-class RepairNotice:
-    """Says that a store rebuilt part of a key: one WARNING per backend, then DEBUG (an
-    eviction or a flush touches many keys, and every worker would repeat it)."""
-
-    def __init__(self) -> None:
-        self._warned = False
-        self._lock = threading.Lock()
-
-    def __call__(self, key: str, part: str) -> None:
-        """``key`` is the hashed store key (never a token); ``part`` a key of REPAIRS."""
-        with self._lock:
-            level = logging.DEBUG if self._warned else logging.WARNING
-            self._warned = True
-        logger.log(level, "repaired store key %s: %s", key, REPAIRS[part])

@@ -1,6 +1,6 @@
 -- The script, part 4: bounded rates, counted in coarse logs kept in M.
 
--- Bounded rates (sliding_log.py: Coarse, coarse_of, placed). A bounded rate counts in a
+-- Bounded rates (coarse.py: Coarse, coarse_of; sliding_log.placed). A bounded rate counts in a
 -- coarse log kept in M (name -> a string): one entry per bucket at the bucket's last
 -- moment, 13 bytes each, its slot (7 bytes) and the running total after it (6), the
 -- first entry the base. About buckets + 3 entries, read in place by bisection: no

@@ -1,6 +1,6 @@
 -- The script, part 5: calendar rates, whose windows the client computes and passes in.
 
--- Calendar rates (sliding_log.py, step for step): the given windows that count a slot
+-- Calendar rates (calendar_windows.py, step for step): the given windows that count a slot
 -- (first and last index; nil if one is not given), the units a window counts, and the
 -- earliest slot from `slot` at which `cost` fits every calendar rate (or only rate
 -- `only`): nil and the time whose window is missing, when one is.

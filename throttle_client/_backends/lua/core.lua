@@ -1,6 +1,6 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
 -- The script, part 1 of 12: the storage, the arguments and replies, quotas and a key's M.
--- The backend (_backends/redis.py, PARTS) joins the parts in order: each uses only what
+-- The backend (_backends/redis_script.py, PARTS) joins the parts in order: each uses only what
 -- the parts before it define.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
 -- shaped so that an admission costs five redis.call()s: TIME, GET, ZRANGE (L's newest
@@ -108,7 +108,7 @@ end
 
 local now -- this call's time (µs): the server's, or the one a test passes
 
--- A calendar rate's windows (sliding_log.py, "calendar rates"; base.Windows), read from
+-- A calendar rate's windows (calendar_windows.py; quota.Windows), read from
 -- its msgpack [keep_from, margin, start, end, start, end, ...], led by the name of its
 -- coarse log if it is bounded: {keep, margin, starts, ends, longest, name}; the windows
 -- in order, none overlapping.
@@ -128,7 +128,7 @@ local function read_windows(packed)
   return w
 end
 
--- How long a logged call (so its id) is kept after its slot at least (base.KEEP_IDS_US):
+-- How long a logged call (so its id) is kept after its slot at least (quota.KEEP_IDS_US):
 -- the log's horizon when every rate is bounded.
 local KEEP_IDS = 5000000
 

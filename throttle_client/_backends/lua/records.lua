@@ -26,7 +26,7 @@ end
 
 -- fingerprint: a namespace's record of its key secret's fingerprint.
 local function op_fingerprint(keys, argv)
-  -- A namespace's record (base.Fingerprint; keys: R; argv: fingerprint, -, now, the
+  -- A namespace's record (ops.Fingerprint; keys: R; argv: fingerprint, -, now, the
   -- fingerprint, a TTL in ms, 0 to only read it): the one it holds ("" for none), kept
   -- if it is the caller's, begun with it if it holds none.
   local ttl = whole(argv[5], 0)
