@@ -68,7 +68,7 @@ def test_a_retry_that_would_now_be_refused_gets_its_slot_now(store: Backend) -> 
     new_call = store.execute(replace(call, call_id="call-2"))
     assert answer(new_call) == (False, NOW, NOW + US, 0, (0, 4))
     # The retry is not a new call: it keeps the slot it booked, and books nothing.
-    assert answer(store.execute(call)) == answer(first)
+    assert answer(store.execute(replace(call, retry=True))) == answer(first)
     assert logged(store, NOW) == ((1, 1), 0)
 
 
@@ -84,7 +84,7 @@ def test_a_retry_that_would_now_be_refused_gets_its_slot_ahead(store: Backend) -
     assert pause_until == NOW + US // 2
 
     later = NOW + US // 5
-    retry = replace(call, now_us=later)
+    retry = replace(call, now_us=later, retry=True)
     # As a new call it would wait until NOW + 2 s, 1.8 s away: past its max wait of 1.5 s.
     new_call = store.execute(replace(retry, call_id="call-2"))
     assert answer(new_call) == (False, later, NOW + 2 * US, pause_until, (0, 3))

@@ -227,16 +227,27 @@ def test_the_log_is_trimmed_to_about_the_limit(backend: RedisBackend, client: re
     for _ in range(200):  # 10x the longest limit, over many windows
         limiter.acquire(TOKEN)
     log = redis_keys(limiter.store_key(TOKEN))[0]
-    entries = client.zcount(log, 0, "+inf")  # running totals, scored by slot
-    ids = client.zrangebyscore(log, "-inf", -1, withscores=True)  # "c" + id, by -(slot + 1)
+    entries = client.zcount(log, 0, "+inf")  # running totals and call ids, by slot
     # Entries are trimmed in batches once they are a tenth of the longest period (but at
     # least 1 s) past the longest window: at most the 20 of the window plus the 1 s
     # beyond it, which the 5/second rate holds to 5.
     assert 0 < entries <= 20 + 5
-    # Call ids are kept 5 s after their slot, dropped in batches once the oldest is 10 s
-    # old: those of the last 10 s at most, which "20/10 seconds" holds to 20 (+5 beyond).
-    assert all(-score - 1 >= us(clock()) - us(10) for _, score in ids)
-    assert 0 < len(ids) <= 20 + 5
+    assert client.zcount(log, "-inf", "(0") == 0  # no member of its own for a call id
+
+
+def test_a_short_window_keeps_its_entries_while_a_retry_can_come(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    """The entries hold the call ids: those of the last 5 s stay, whatever the windows."""
+    clock = FakeClock()
+    limiter = Limiter(backend, margin=0, rates=["10/second"], clock=clock, sleep=clock.sleep)
+    for _ in range(100):  # 10 s at the rate
+        limiter.acquire(TOKEN)
+    log = redis_keys(limiter.store_key(TOKEN))[0]
+    slots = [score for _, score in client.zrangebyscore(log, 0, "+inf", withscores=True)]
+    # A retry looks back 5 s: those entries stay, and a batch (1 s) more at most.
+    assert min(slots) <= us(clock()) - us(5)
+    assert 50 <= len(slots) <= 60 + 1
 
 
 # -- members and idempotence ---------------------------------------------------------------
@@ -262,16 +273,16 @@ def test_the_same_call_twice_books_once(backend: RedisBackend, client: redis.Red
     limiter = Limiter(backend, margin=0, rates=["5/second"], min_interval=0.1, clock=clock)
     op = acquire_op(limiter, TOKEN, 3, -1, clock())
     first = backend.execute(op)
-    again = backend.execute(op)
+    again = backend.execute(replace(op, retry=True))
     assert first.allowed and again.allowed and first.slot_us == again.slot_us
     assert again.remaining == first.remaining == (2,)
     assert limiter.usage(TOKEN).rates[0].used == 3
-    assert client.zcard(redis_keys(op.key)[0]) == 2  # one entry, and its call id
+    assert client.zcard(redis_keys(op.key)[0]) == 1  # one entry, holding its call id
     fresh = acquire_op(limiter, TOKEN, 1, -1, clock())  # a new call is a new entry
     assert backend.execute(fresh).slot_us == first.slot_us + 100_000
 
 
-def test_an_entry_is_one_member_of_six_bytes_its_running_total(redis_url: str) -> None:
+def test_an_entry_is_one_member_its_running_total_then_its_call_id(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)  # bytes: members are binary
     with RedisBackend(redis_url) as backend:
         clock = FakeClock()
@@ -281,8 +292,9 @@ def test_an_entry_is_one_member_of_six_bytes_its_running_total(redis_url: str) -
             clock.advance(0.01)
         log = redis_keys(limiter.store_key(TOKEN))[0]
         members = client.zrangebyscore(log, 0, "+inf")
-        assert [len(m) for m in members] == [6] * 4
-        assert [int.from_bytes(m, "big") for m in members] == [1, 5, 6, 8]
+        assert [len(m) for m in members] == [6 + 8] * 4
+        assert [int.from_bytes(m[:6], "big") for m in members] == [1, 5, 6, 8]
+        assert len({m[6:] for m in members}) == 4  # each its own call's id
     client.close()
 
 
@@ -298,10 +310,11 @@ def test_a_retry_finds_its_slot_after_many_other_bookings(
         clock.advance(0.001)
         assert limiter.try_acquire(TOKEN).allowed
     clock.advance(3.9)  # a retry can come this late: retry_for, a timeout, a backoff
-    again = backend.execute(replace(op, now_us=None))
+    again = backend.execute(replace(op, now_us=us(clock()), retry=True))
     assert again.allowed and again.slot_us == first.slot_us
     assert limiter.usage(TOKEN).rates[0].booked == 0  # nothing booked a second time
-    assert client.zscore(redis_keys(op.key)[0], "c" + op.call_id) == -first.slot_us - 1
+    (member,) = client.zrangebyscore(redis_keys(op.key)[0], first.slot_us, first.slot_us)
+    assert member.endswith(op.call_id)  # (the client decodes: an id is text)
 
 
 def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
@@ -316,42 +329,61 @@ def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
     first = backend.execute(op)
     time.sleep(2.3)  # past the first key's 2 s, within the id's 5 s
     assert client.pttl(redis_keys(op.charges[0].key)[0]) > 0
-    again = backend.execute(op)
+    again = backend.execute(replace(op, retry=True))
     assert again.allowed and again.slot_us == first.slot_us
     assert account.usage("account-42").rates[0].used == 1  # booked once, not twice
 
 
-def test_call_ids_go_once_no_retry_can_come(backend: RedisBackend, client: redis.Redis) -> None:
+def test_a_first_attempt_never_looks_for_its_id(
+    backend: RedisBackend, client: redis.Redis
+) -> None:
+    """Only a retry looks for its id: the same op sent again as a first attempt (which no
+    limiter does: every call has a new id) books again."""
     clock = FakeClock()
-    limiter = Limiter(backend, margin=0, rates=["5/hour"], clock=clock)
-    old = acquire_op(limiter, TOKEN, 1, 0, clock())
-    assert backend.execute(old).allowed
-    log = redis_keys(old.key)[0]
-    clock.advance(10.5)  # the oldest id is past 2 x 5 s: the next booking drops the batch
-    assert limiter.try_acquire(TOKEN).allowed
-    assert client.zscore(log, "c" + old.call_id) is None
-    assert client.zcount(log, "-inf", -1) == 1  # the new call's id only
-    assert client.zcount(log, 0, "+inf") == 2  # the entries stay: the hour holds them
+    limiter = Limiter(backend, margin=0, rates=["5/second"], clock=clock)
+    op = acquire_op(limiter, TOKEN, 1, 0, clock())
+    assert backend.execute(op).allowed and backend.execute(op).allowed
     assert limiter.usage(TOKEN).rates[0].used == 2
 
 
-def test_a_key_filled_in_a_burst_drops_its_ids_while_it_refuses(
+def test_an_older_versions_call_ids_go_once_no_retry_can_come(
     backend: RedisBackend, client: redis.Redis
 ) -> None:
-    """Refused calls book nothing, but the ids of a burst go once past their time."""
+    """A log an older version wrote kept each call's id as a member of its own ("c" + id,
+    scored -(slot + 1)), and the slot of the oldest in its meta: they go in a batch once
+    10 s old, while calls book and while they are refused."""
     clock = FakeClock()
-    limiter = Limiter(backend, margin=0, rates=["50/hour"], clock=clock)
-    assert all(limiter.try_acquire(TOKEN).allowed for _ in range(50))
-    log = redis_keys(limiter.store_key(TOKEN))[0]
-    assert client.zcount(log, "-inf", -1) == 50
+    limiter = Limiter(backend, margin=0, rates=["3/hour"], clock=clock)
+    assert limiter.try_acquire(TOKEN).allowed
+    log, meta = redis_keys(limiter.store_key(TOKEN))
+    now = us(clock())
+    client.zadd(log, {f"cold-{i}": -now - 1 for i in range(3)})
+    client.eval(  # the meta's idold (its 14th field): the oldest id's slot
+        "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))} t[14] = tonumber(ARGV[1])"
+        " redis.call('SET', KEYS[1], cmsgpack.pack(unpack(t, 1, 16)), 'KEEPTTL')",
+        1,
+        meta,
+        now,
+    )
     clock.advance(9)
-    assert not limiter.try_acquire(TOKEN).allowed
-    assert client.zcount(log, "-inf", -1) == 50  # not 10 s old yet: a batch waits
+    assert limiter.try_acquire(TOKEN).allowed
+    assert client.zcount(log, "-inf", "(0") == 3  # not 10 s old yet: a batch waits
     clock.advance(2)
-    assert not limiter.try_acquire(TOKEN).allowed
-    assert client.zcount(log, "-inf", -1) == 0
-    assert client.zcount(log, 0, "+inf") == 50 and limiter.usage(TOKEN).rates[0].used == 50
-    assert client.pttl(log) > 3_000_000  # the hour's entries keep their TTL
+    assert limiter.try_acquire(TOKEN).allowed
+    assert client.zcount(log, "-inf", "(0") == 0
+    assert limiter.usage(TOKEN).rates[0].used == 3
+    client.zadd(log, {"cold-again": -us(clock()) - 1})
+    client.eval(
+        "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))} t[14] = tonumber(ARGV[1])"
+        " redis.call('SET', KEYS[1], cmsgpack.pack(unpack(t, 1, 16)), 'KEEPTTL')",
+        1,
+        meta,
+        us(clock()),
+    )
+    clock.advance(11)
+    assert not limiter.try_acquire(TOKEN).allowed  # refused: the ids go all the same
+    assert client.zcount(log, "-inf", "(0") == 0
+    assert limiter.usage(TOKEN).rates[0].used == 3
 
 
 def test_a_key_of_the_older_layout_is_rewritten_entry_for_entry(

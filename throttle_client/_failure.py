@@ -235,10 +235,11 @@ class FailureGuard:
 def shrink(op: Op[T], spent: float) -> Op[T]:
     """``op`` as it must be sent ``spent`` seconds late: an acquire waits that much
     less, so retries never stretch it past its timeout. The call id stays, so an
-    attempt that did book its slot is found again, never booked twice."""
-    if isinstance(op, (Acquire, AcquireAll)) and op.max_wait_us > 0:
-        spent_us = int(spent * 1_000_000)
-        if spent_us > 0:
-            left = max(0, op.max_wait_us - spent_us)
-            return cast(Op[T], dataclasses.replace(op, max_wait_us=left))
+    attempt that did book its slot is found again, never booked twice: the op says it
+    is a retry, so that the store looks for it."""
+    if isinstance(op, (Acquire, AcquireAll)):
+        left = op.max_wait_us
+        if left > 0:
+            left = max(0, left - max(0, int(spent * 1_000_000)))
+        return cast(Op[T], dataclasses.replace(op, max_wait_us=left, retry=True))
     return op

@@ -45,18 +45,19 @@ from ._rate import bounded_seconds
 
 T = TypeVar("T")
 
-# Call ids need only be unique within one key's log, not unguessable: a private
-# generator seeded from os.urandom makes them 3x cheaper than secrets.token_urlsafe.
-# It is private so that a caller's random.seed() cannot make two workers draw the
-# same ids, and it is reseeded in every forked child for the same reason.
+# Call ids need only be unique among a key's calls of the last few seconds (a retry
+# looks for its id there), not unguessable: 48 random bits, 8 url-safe characters, which
+# the Redis log keeps in each entry. A private generator seeded from os.urandom is 3x
+# cheaper than secrets.token_urlsafe; private so that a caller's random.seed() cannot
+# make two workers draw the same ids, and reseeded in every forked child for that reason.
 _ids = random.Random()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ids.seed)
 
 
 def call_id() -> str:
-    """11 url-safe characters from 64 random bits, like ``secrets.token_urlsafe(8)``."""
-    return base64.urlsafe_b64encode(_ids.getrandbits(64).to_bytes(8, "big"))[:11].decode()
+    """8 url-safe characters from 48 random bits, like ``secrets.token_urlsafe(6)``."""
+    return base64.urlsafe_b64encode(_ids.getrandbits(48).to_bytes(6, "big")).decode()
 
 
 def windows_for(

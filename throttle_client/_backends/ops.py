@@ -47,9 +47,12 @@ class Acquire(Op[Verdict]):
     """Find the earliest slot for ``cost``; book it if it is at most ``max_wait_us`` away.
 
     ``max_wait_us`` of 0 is try_acquire, -1 waits for any slot. ``call_id`` makes the
-    call idempotent: a call whose id is already in the log gets its booked slot back.
-    ``lead_us``: no slot earlier than ``now + lead_us`` (a call whose answers come back
-    slowly asks for a slot its answer can reach in time).
+    call idempotent: a ``retry`` (an attempt sent again after one whose answer did not
+    come) whose id is already in the log gets its booked slot back. A first attempt's id
+    is new, so a store may look for it only when ``retry`` says so (Redis does: the id
+    lives in its entry, found by a scan of the last KEEP_IDS_US). ``lead_us``: no slot
+    earlier than ``now + lead_us`` (a call whose answers come back slowly asks for a slot
+    its answer can reach in time).
     """
 
     key: str
@@ -71,6 +74,7 @@ class Acquire(Op[Verdict]):
     # if every window had been full when it began again (or now), while they count.
     expect: int = -1
     seen: int = -1
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ class AcquireAll(Op[Verdict]):
     One slot for every key: the earliest that each key's quota, gap and pause allow
     (past a key's newest slot, when a cost fits only grows later, so it is the latest of
     each key's earliest slot). Booked in every key's log in one atomic step, or, when it
-    is more than ``max_wait_us`` away, written nowhere. ``call_id`` is booked in every
-    log; a call whose id is in the first key's log gets its slot back. The answer's
+    is more than ``max_wait_us`` away, written nowhere. ``call_id`` is booked in the
+    first key's log; a ``retry`` whose id is there gets its slot back. The answer's
     ``remaining`` lists each key's rates in turn; ``pause_until`` is the latest pause.
     """
 
@@ -108,6 +112,7 @@ class AcquireAll(Op[Verdict]):
     mark_us: int = -1  # as Acquire's, for the first key
     cards: tuple[StoreCard, ...] = ()  # as Acquire's
     history: tuple[HistorySpec, ...] = ()  # as Acquire's, for each key that keeps one
+    retry: bool = False  # as Acquire's
 
     def __post_init__(self) -> None:
         keys = [charge.key for charge in self.charges]

@@ -103,6 +103,12 @@ def _uint(n: int) -> bytes:
     return bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big")
 
 
+def _call(call_id: str, retry: bool) -> str:
+    """A call's id as the script reads it: "~" before a retry's, the one attempt that
+    has the script look for a booking of its id (an id never holds a "~")."""
+    return "~" + call_id if retry else call_id
+
+
 def _array(count: int) -> bytes:
     return bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
 
@@ -137,27 +143,29 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
             per_key += _cap_args(c.quota) if leased else ()
         wait, lead = _wait(op.max_wait_us, queued_us), b"%d" % op.lead_us
         marks = b"-" if op.mark_us < 0 else b"%d" % op.mark_us
+        call = _call(op.call_id, op.retry)
         if leased:
-            return keys, (b"lease", marks, now, wait, op.call_id, lead, op.lease_id, *per_key)
-        return keys, (b"acquire_all", marks, now, wait, op.call_id, lead, *per_key)
+            return keys, (b"lease", marks, now, wait, call, lead, op.lease_id, *per_key)
+        return keys, (b"acquire_all", marks, now, wait, call, lead, *per_key)
     assert isinstance(op, (Acquire, Inspect, Pause, Learn))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
         cost, wait = b"%d" % op.cost, _wait(op.max_wait_us, queued_us)
+        call = _call(op.call_id, op.retry)
         if op.history or op.mark_us >= 0 or op.expect >= 0:
             lead, marks, expect = (
                 b"%d" % op.lead_us,
                 b"%d" % op.mark_us,
                 _expected(op.expect, op.seen),
             )
-            args = (b"acquire", quota, now, cost, wait, op.call_id, lead, marks, expect)
+            args = (b"acquire", quota, now, cost, wait, call, lead, marks, expect)
             if op.history:  # its usage history in its own arguments (no item: declared)
                 return (*keys, history_key(op.key)), args + _history_args(op.history[0])
             return keys, args
         if op.lead_us:
             lead = b"%d" % op.lead_us
-            return keys, (b"acquire", quota, now, cost, wait, op.call_id, lead)
-        return keys, (b"acquire", quota, now, cost, wait, op.call_id)
+            return keys, (b"acquire", quota, now, cost, wait, call, lead)
+        return keys, (b"acquire", quota, now, cost, wait, call)
     if isinstance(op, Pause):
         if op.reason or op.refused:  # a transport's: the key's pushback too
             told = (op.reason, b"1" if op.refused else b"0")

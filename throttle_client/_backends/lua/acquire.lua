@@ -1,19 +1,11 @@
 -- The script, part 11: a booking, and the operations that admit calls.
 
 -- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
--- retries are found in the first key); false if the id is already booked.
+-- retries are found in the first key).
 local function book(k, slot, cost, id)
   local cum = k.total + cost
-  if id then
-    if redis.call('ZADD', k.log, 'NX', format('%d', slot), entry(cum), format('%d', -slot - 1), 'c' .. id) < 2 then
-      redis.call('ZREM', k.log, entry(cum))
-      return false
-    end
-    if k.idold < 0 then k.idold = slot end
-    drop_ids(k)
-  else
-    redis.call('ZADD', k.log, format('%d', slot), entry(cum))
-  end
+  redis.call('ZADD', k.log, format('%d', slot), id and entry(cum) .. id or entry(cum))
+  drop_ids(k)
   book_coarse(k, slot, cost)
   local h = histories[k.meta]
   -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or
@@ -33,7 +25,6 @@ local function book(k, slot, cost, id)
   local needed = math.max(slot, k.pause) + k.q.horizon
   if id and slot + KEEP_IDS > needed then needed = slot + KEEP_IDS end
   save(k, needed, fresh)
-  return true
 end
 
 
@@ -45,13 +36,13 @@ local function op_acquire(k, q, keys, argv)
   if keys[3] and not declare_history(keys[2], keys[3], argv, 10) then
     return fail('bad history')
   end
-  local cost, max_wait, id = whole(argv[4], 1), whole(argv[5], -1), argv[6]
+  local cost, max_wait, id, retry = whole(argv[4], 1), whole(argv[5], -1), read_id(argv[6])
   local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
   local expect = argv[9]
   if not cost then return fail('bad cost ' .. tostring(argv[4])) end
   if not max_wait then return fail('bad max wait') end
   if not lead or not mark_us then return fail('bad lead') end
-  if not id or id == '' then return fail('missing call id') end
+  if not id then return fail('missing or bad call id') end
   problem = check_cost(q, cost)
   if problem then return fail(problem) end
   local lost = lost_history(k, expect)
@@ -66,34 +57,25 @@ local function op_acquire(k, q, keys, argv)
     if mark_us >= 0 then out[#out + 1] = -1; out[#out + 1] = -1 end -- trimmed since then
     return answer(out)
   end
-  local earliest, missing = earliest_slot(k, cost)
-  if not earliest then
+  if retry then -- the same call again: it keeps the slot it booked, if it did
     local earlier = booked(k, id)
     if earlier then return admitted(earlier) end
-    return stale(missing)
   end
+  local earliest, missing = earliest_slot(k, cost)
+  if not earliest then return stale(missing) end
   local slot = math.max(earliest, now + lead)
   if slot > earliest then -- a slot the lead moved on must fit the calendar windows there too
     slot, missing = calendar_slot(k, slot, cost)
-    if not slot then
-      local earlier = booked(k, id)
-      if earlier then return admitted(earlier) end
-      return stale(missing)
-    end
+    if not slot then return stale(missing) end
   end
   if max_wait >= 0 and slot - now > max_wait then
-    local earlier = booked(k, id)
-    if earlier then return admitted(earlier) end
     tidy(k)
     return answer(remaining_at(k, now, {0, now, slot, k.pause})) -- refused: nothing booked
   end
   problem = past_totals(k, cost)
   if problem then return fail(problem) end
   local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
-  if not book(k, slot, cost, id) then
-    -- The same call again (a retry): it keeps the slot it booked.
-    return admitted(booked(k, id))
-  end
+  book(k, slot, cost, id)
   local out = remaining_at(k, slot, {1, now, slot, k.pause})
   if marked then out[#out + 1] = marked; out[#out + 1] = k.born end
   return answer(out)
@@ -104,11 +86,12 @@ local function op_acquire_all(keys, argv, op)
   -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost,
   -- expect (the life the worker knows, -1: none; see lost_history), and for a lease its
   -- cap (0: none) and lease TTL; keys give a capped key's H, Q, A after its L and M.
-  local max_wait, id, lead = whole(argv[4], -1), argv[5], whole(argv[6], 0)
+  local max_wait, lead = whole(argv[4], -1), whole(argv[6], 0)
+  local id, retry = read_id(argv[5])
   local mark_us = argv[2] == '-' and -1 or whole(argv[2], 0) -- Acquire.mark_us, first key
   if not mark_us then return fail('bad mark') end
   if not max_wait then return fail('bad max wait') end
-  if not id or id == '' then return fail('missing call id') end
+  if not id then return fail('missing or bad call id') end
   if not lead then return fail('bad lead') end
   local lease = op == 'lease' and argv[7]
   local per, first_arg = 3, 7
@@ -167,8 +150,10 @@ local function op_acquire_all(keys, argv, op)
     end
     return answer(out)
   end
-  local earlier = booked(keys[1], id) -- the same call again: it holds its slot everywhere
-  if earlier then return admitted(earlier) end
+  if retry then -- the same call again: it holds its slot everywhere, if it booked one
+    local earlier = booked(keys[1], id)
+    if earlier then return admitted(earlier) end
+  end
   -- The caps (leases.acquire): a key is full unless the call holds a lease there, or
   -- there is room and no one queued ahead of it.
   local full, capped = {}, {}
@@ -241,7 +226,7 @@ local function op_acquire_all(keys, argv, op)
     return answer(remaining_all(now, {0, now, slot, pause})) -- refused: nothing booked
   end
   local marked = mark_us >= 0 and cum_through(keys[1], slot - mark_us - 1) -- before booking
-  book(keys[1], slot, costs[1], id) -- (not booked yet: booked() was asked above)
+  book(keys[1], slot, costs[1], id)
   for i = 2, n do book(keys[i], slot, costs[i]) end
   for _, lk in ipairs(capped) do -- held through the sleep to its slot too
     dequeue(lk, lease)

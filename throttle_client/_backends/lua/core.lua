@@ -12,15 +12,15 @@
 --         its slot (µs, >= 0). "Running total through t" is one range lookup by score;
 --         "slot at which the running total reaches y" is one lookup by rank from the
 --         newest entry while every entry after y cost 1 (M's `wcum`), a bisection over
---         ranks otherwise. One member of <= 6 bytes keeps an entry at ~105 bytes.
---         Besides, for KEEP_IDS after their slot only, the calls' ids: member "c" .. call
---         id, score -(slot + 1) (<= -1), so that a retried call finds its slot ("Call ids").
+--         ranks otherwise. The call's id follows the 6 bytes (8 more: a retried call
+--         finds its slot, see "Call ids"), which keeps an entry at ~110 bytes. An older
+--         version kept the ids as members of their own, "c" .. id scored -(slot + 1).
 -- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
 --            until, limit, from, born, wcum, idold, coarse, trimmed) (µs and costs; -1 for no entry; since..from:
 --            a limit learned from the upstream, counted from running total `from`, until 0
 --            for none; born: when the key's running totals began, the script's now when
 --            it makes a meta afresh; wcum: the running total of the newest entry that cost
---            more than 1; idold: the slot of the oldest call id in L, -1 for none; coarse:
+--            more than 1; idold: the slot of the oldest id member an older version left in L, -1 for none; coarse:
 --            the bounded rates' coarse logs, name -> 13 bytes per entry, see "Bounded
 --            rates", or nil for none: older versions read the rest and drop it;
 --            trimmed: L holds every entry after this slot, 0 for all). A
@@ -178,18 +178,21 @@ local function parse_quota(packed)
 end
 
 -- A parsed quota at this `now`: {keep, cutoff, batch} added to a copy (the parse is
--- shared). `keep`: the log holds every call after it; `cutoff`: entries at or before it
--- count in no window any more; `batch`: trimming's, a tenth of how far back the log
--- reaches (not of the bounded rates' periods, which it does not hold), so that it holds
--- at most 10 % more than it must.
+-- shared). `keep`: the windows need every call after it; `cutoff`: entries at or before it
+-- count in no window any more, nor hold an id a retry may ask for; `batch`: trimming's,
+-- a tenth of how far back the log reaches (not of the bounded rates' periods, which it
+-- does not hold), so that it holds at most 10 % more than it must.
 local function at_now(p)
   local keep = p.fixed_keep
   if p.reach > 0 and now - p.reach + 1 < keep then keep = now - p.reach + 1 end
   if keep == math.huge then keep = now - KEEP_IDS end
+  -- Trimming spares the entries of the last KEEP_IDS whatever the windows: they hold the
+  -- call ids a retry looks for. (What the windows need, `keep`, is unchanged by it.)
+  local spared = math.min(keep, now - KEEP_IDS)
   return {gap = p.gap, nrates = p.nrates, limits = p.limits, periods = p.periods,
           windows = p.windows, names = p.names, widths = p.widths, longest = p.longest,
           smallest = p.smallest, horizon = p.horizon, slack = p.slack, keep = keep,
-          cutoff = keep - 1, batch = math.max(math.floor((now - keep) / 10), 1000000)}
+          cutoff = spared - 1, batch = math.max(math.floor((now - spared) / 10), 1000000)}
 end
 
 -- Parsed quotas by their msgpack, kept across calls where the script is a function

@@ -51,19 +51,24 @@ local function stale(at) -- the windows given do not reach `at`: nothing was wri
   return reply({now, at}, 'stale ')
 end
 
--- Call ids. A retried call (its answer lost, the limiter tries again with the same id)
--- must get the slot its first attempt booked, never a second one. The ZADD that books an
--- entry adds "c" .. id beside it, NX: a second booking of the id is found and undone.
--- The ids are kept only while a retry can come: KEEP_IDS after their slot (a limiter's
--- retries of a call end within its retry_for, 1 s by default, plus a 1 s timeout), then
--- dropped in batches (M's idold), so they add almost nothing to a long log's memory.
+-- Call ids. A retried call (its answer lost, the limiter tries again with the same id,
+-- marked "~" as a retry) must get the slot its first attempt booked, never a second one.
+-- Each entry's member carries its call's id after its running total (entry(cum) .. id):
+-- no member of its own, so an id costs a log a few bytes per call, and a first attempt,
+-- whose id is new, never looks. A retry looks through the entries of the last KEEP_IDS
+-- (a limiter's retries of a call end within its retry_for, 1 s by default, plus a 1 s
+-- timeout), which the log keeps whatever its windows (at_now). An older version kept the
+-- ids as members of their own, "c" .. id scored -(slot + 1), dropped in batches once
+-- past their time (M's idold): those still in a log go the same way.
 
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
-  local score = redis.call('ZSCORE', k.log, 'c' .. id)
-  return score and -tonumber(score) - 1
+  local since = redis.call('ZRANGEBYSCORE', k.log, format('%d', now - KEEP_IDS), '+inf', 'WITHSCORES')
+  for i = 1, #since, 2 do
+    if string.sub(since[i], 7) == id then return tonumber(since[i + 1]) end
+  end
 end
 
-local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time; true if any went
+local function drop_ids(k) -- an older version's ids past KEEP_IDS go; true if any went
   if k.idold >= 0 and k.idold < now - 2 * KEEP_IDS then
     redis.call('ZREMRANGEBYSCORE', k.log, format('(%d', -(now - KEEP_IDS) - 1), -1)
     local oldest = redis.call('ZREVRANGEBYSCORE', k.log, -1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
@@ -72,8 +77,17 @@ local function drop_ids(k) -- the ids past KEEP_IDS go, a batch at a time; true 
   end
 end
 
--- A refused acquire books nothing, but drops the ids past their time: a key filled in a
--- burst and then refused would otherwise keep the burst's ids until it expires.
+-- A call's id as the limiter sends it: a retry's begins with "~". The id is at most 32
+-- bytes (the limiter's are 8), so that an entry stays small.
+local function read_id(arg)
+  if not arg or arg == '' then return nil end
+  local retry = string.byte(arg, 1) == 126
+  local id = retry and string.sub(arg, 2) or arg
+  if id == '' or #id > 32 then return nil end
+  return id, retry
+end
+
+-- A refused acquire books nothing, but drops an older version's ids past their time.
 local function tidy(k)
   if drop_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
 end
