@@ -334,9 +334,7 @@ def test_a_stacked_retry_is_found_after_its_first_keys_horizon(
     assert account.usage("account-42").rates[0].used == 1  # booked once, not twice
 
 
-def test_a_first_attempt_never_looks_for_its_id(
-    backend: RedisBackend, client: redis.Redis
-) -> None:
+def test_a_first_attempt_never_looks_for_its_id(backend: RedisBackend, client: redis.Redis) -> None:
     """Only a retry looks for its id: the same op sent again as a first attempt (which no
     limiter does: every call has a new id) books again."""
     clock = FakeClock()
