@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -104,7 +105,8 @@ def test_a_retried_call_is_counted_once(store: Backend) -> None:
     limiter = Limiter(store, rates="10/second", clock=FakeClock(), namespace="r", history=True)
     op = acquire_op(limiter, TOKEN, 1, 0, limiter._local())
     assert isinstance(op, Acquire) and op.history
-    first, again = store.execute(op), store.execute(op)  # same call id: found, not booked
+    first = store.execute(op)
+    again = store.execute(replace(op, retry=True))  # same call id: found, not booked
     assert first.allowed and again.slot_us == first.slot_us
     assert [p.calls for p in limiter.history(TOKEN).hours] == [1]
 
