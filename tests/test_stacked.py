@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,7 @@ def test_a_retried_stacked_call_gets_its_slot_back() -> None:
     quota = Quota(limits=((1, 1000 * MS),), min_interval_us=0)
     op = AcquireAll((Charge("x", quota, 1), Charge("y", quota, 1)), -1, "same", now_us=0)
     first = store.execute(op)
-    again = store.execute(op)
+    again = store.execute(replace(op, retry=True))  # sent again after a lost answer
     assert first.slot_us == again.slot_us == 0
     assert store.execute(Inspect("x", quota, now_us=0)).used == (1,)  # booked once
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ._backends.base import Buckets, Quota
@@ -43,7 +43,7 @@ class Config:
     min_interval: float  # seconds
     margin: float  # seconds
     namespace: str
-    secret: bytes  # the key secret, resolved (never stored, never logged)
+    secret: bytes = field(repr=False)  # the key secret, resolved (never stored, never shown)
     tag: Callable[[str], str] | None
     clock: Callable[[], float] | None  # injected (tests): the store follows it too
     on_unavailable: OnUnavailable

@@ -14,6 +14,7 @@ callers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import re
 import threading
@@ -33,7 +34,15 @@ from .._errors import ConfigurationError
 from .._flow import arun, run
 from .base import AsyncBackend, Backend
 from .batching import Batcher, Send, Wait
-from .ops import RECORD_TTL_US, Fingerprint, Op, namespace_prefix, namespace_record
+from .ops import (
+    RECORD_TTL_US,
+    Acquire,
+    AcquireAll,
+    Fingerprint,
+    Op,
+    namespace_prefix,
+    namespace_record,
+)
 from .pushback import Pushback, PushbackRecord, in_force
 from .redis_clients import (
     CONNECTIONS,
@@ -114,6 +123,15 @@ SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 
+def looking(op: Op[T]) -> Op[T]:
+    """``op`` as a client of the user's runs it: that client may send a command again on
+    its own (its retries are its own), so every acquire looks for its id as a retry does,
+    lest a resent one book twice. (A client of ours never resends: the limiter does.)"""
+    if isinstance(op, (Acquire, AcquireAll)) and not op.retry:
+        return dataclasses.replace(op, retry=True)  # type: ignore[return-value]
+    return op
+
+
 class RedisBackend(Backend):
     """Limits shared through Redis: standalone, Sentinel (a master client) or Cluster.
 
@@ -175,6 +193,8 @@ class RedisBackend(Backend):
             return self._runner
 
     def execute(self, op: Op[T]) -> T:
+        if not self._owned:
+            op = looking(op)
         return run(self._batcher.flow(op), self._perform)
 
     def _perform(self, step: Command | Wait) -> Any:
@@ -320,6 +340,8 @@ class AsyncRedisBackend(AsyncBackend):
     async def aexecute(self, op: Op[T]) -> T:
         if asyncio.get_running_loop() is not self._loop:
             self._bind()
+        if not self._owned:
+            op = looking(op)
         return await arun(self._batcher.flow(op), self._perform)
 
     def _bind(self) -> None:

@@ -103,10 +103,15 @@ def _uint(n: int) -> bytes:
     return bytes([n]) if n < 128 else b"\xcf" + n.to_bytes(8, "big")
 
 
-def _call(call_id: str, retry: bool) -> str:
-    """A call's id as the script reads it: "~" before a retry's, the one attempt that
-    has the script look for a booking of its id (an id never holds a "~")."""
-    return "~" + call_id if retry else call_id
+def _call(call_id: str, retry: bool) -> bytes:
+    """A call's id as the script reads it: "~" before a retry's (the one attempt that has
+    the script look for a booking of its id), "=" before a first attempt's; a limiter's
+    id (12 hex digits) as its 6 bytes, which an entry keeps."""
+    try:
+        packed = bytes.fromhex(call_id) if len(call_id) == 12 else call_id.encode()
+    except ValueError:
+        packed = call_id.encode()
+    return (b"~" if retry else b"=") + packed
 
 
 def _array(count: int) -> bytes:

@@ -232,7 +232,9 @@ def told(verdict: Verdict, logs: Sequence[LogView], lost: bool) -> Verdict:
 
 def acquire(log: LogView, op: Acquire, now: int) -> Verdict:
     lost = lost_history(log, op.quota, op.expect, op.seen, now)
-    booked = log.slot_of(op.call_id)
+    # Only a retry looks for its id (a first attempt's is new): as in the Lua script, a
+    # new call never takes an old call's slot for its own, whatever ids the log holds.
+    booked = log.slot_of(op.call_id) if op.retry else None
     if booked is not None:  # the same call again (a driver retry): it already holds its slot
         # (Not marked: entries before it may be trimmed since it was booked.)
         remaining = remaining_at(log, op.quota, booked)
@@ -261,7 +263,7 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     pairs = list(zip(logs, charges, strict=True))
     lost = hold_lost(logs, charges, now)
     pause_until = max(log.pause_until for log in logs)
-    booked = logs[0].slot_of(op.call_id)
+    booked = logs[0].slot_of(op.call_id) if op.retry else None  # (as acquire's)
     if booked is not None:  # the same call again: it holds its slot in every log (unmarked)
         remaining = remaining_all(logs, charges, booked)
         return told(Verdict(True, now, booked, pause_until, remaining), logs, lost)

@@ -12,8 +12,8 @@
 --         its slot (µs, >= 0). "Running total through t" is one range lookup by score;
 --         "slot at which the running total reaches y" is one lookup by rank from the
 --         newest entry while every entry after y cost 1 (M's `wcum`), a bisection over
---         ranks otherwise. The call's id follows the 6 bytes (8 more: a retried call
---         finds its slot, see "Call ids"), which keeps an entry at ~110 bytes. An older
+--         ranks otherwise. The call's id follows the 6 bytes (6 more: a retried call
+--         finds its slot, see "Call ids"): 12 bytes keep an entry at ~100 bytes. An older
 --         version kept the ids as members of their own, "c" .. id scored -(slot + 1).
 -- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
 --            until, limit, from, born, wcum, idold, coarse, trimmed) (µs and costs; -1 for no entry; since..from:

@@ -185,7 +185,8 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     k.pause = pause or 0
     local newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
     if newest[1] and tonumber(newest[2]) + q.horizon > now then
-      if #newest[1] >= 16 then -- the older layout's "s" .. 15 digits: rewritten first
+      if #newest[1] == 16 and string.byte(newest[1], 1) == 115 then -- the older layout's
+        -- "s" .. 15 digits (no entry of this one starts "s": a total's top byte is 0)
         convert(log, nil)
         newest = redis.call('ZREVRANGEBYSCORE', log, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
       end

@@ -52,7 +52,7 @@ local function stale(at) -- the windows given do not reach `at`: nothing was wri
 end
 
 -- Call ids. A retried call (its answer lost, the limiter tries again with the same id,
--- marked "~" as a retry) must get the slot its first attempt booked, never a second one.
+-- marked as a retry) must get the slot its first attempt booked, never a second one.
 -- Each entry's member carries its call's id after its running total (entry(cum) .. id):
 -- no member of its own, so an id costs a log a few bytes per call, and a first attempt,
 -- whose id is new, never looks. A retry looks through the entries of the last KEEP_IDS
@@ -62,10 +62,16 @@ end
 -- past their time (M's idold): those still in a log go the same way.
 
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
-  local since = redis.call('ZRANGEBYSCORE', k.log, format('%d', now - KEEP_IDS), '+inf', 'WITHSCORES')
-  for i = 1, #since, 2 do
-    if string.sub(since[i], 7) == id then return tonumber(since[i + 1]) end
-  end
+  -- Newest first, a page at a time: slots go in arrival order, so a retried call's entry
+  -- is among the newest, even behind a queue booked far ahead.
+  local since, at = format('%d', now - KEEP_IDS), 0
+  repeat
+    local page = redis.call('ZREVRANGEBYSCORE', k.log, '+inf', since, 'WITHSCORES', 'LIMIT', at, 64)
+    for i = 1, #page, 2 do
+      if string.sub(page[i], 7) == id then return tonumber(page[i + 1]) end
+    end
+    at = at + 64
+  until #page < 128
 end
 
 local function drop_ids(k) -- an older version's ids past KEEP_IDS go; true if any went
@@ -77,14 +83,15 @@ local function drop_ids(k) -- an older version's ids past KEEP_IDS go; true if a
   end
 end
 
--- A call's id as the limiter sends it: a retry's begins with "~". The id is at most 32
--- bytes (the limiter's are 8), so that an entry stays small.
+-- A call's id as the limiter sends it: "~" before a retry's, "=" before a first
+-- attempt's; then 2 to 9 bytes (a limiter's are 6): an entry stays small, and its member
+-- is neither a repair's (7 bytes) nor the older layout's (16).
 local function read_id(arg)
-  if not arg or arg == '' then return nil end
-  local retry = string.byte(arg, 1) == 126
-  local id = retry and string.sub(arg, 2) or arg
-  if id == '' or #id > 32 then return nil end
-  return id, retry
+  local mark = arg and string.sub(arg, 1, 1)
+  if mark ~= '~' and mark ~= '=' then return nil end
+  local id = string.sub(arg, 2)
+  if #id < 2 or #id > 9 then return nil end
+  return id, mark == '~'
 end
 
 -- A refused acquire books nothing, but drops an older version's ids past their time.
