@@ -497,7 +497,7 @@ def test_a_retried_call_carries_no_mark() -> None:
     quota = Quota(((10, 1_000_000),), 0)
     now = 1_000_000_000_000
     first = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
-    again = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0))
+    again = store.execute(Acquire("k", quota, 1, 0, "call", now_us=now, mark_us=0, retry=True))
     assert (first.mark, again.mark) == (0, -1) and again.slot_us == first.slot_us
 
 
