@@ -944,3 +944,26 @@ def test_a_users_cluster_client_may_resend_so_every_acquire_looks_for_its_id(
         assert first.allowed and again.slot_us == first.slot_us
         assert limiter.usage(TOKEN).rates[0].used == 1
     client.close()
+
+
+def test_entries_lose_their_ids_once_no_retry_can_come(redis_url: str) -> None:
+    """An id serves a retry for 5 s: past that, entries are rewritten by their running
+    totals alone, a batch at a time, so a long log costs what its totals cost."""
+    client = redis.Redis.from_url(redis_url)  # bytes: members are binary
+    with RedisBackend(redis_url) as backend:
+        clock = FakeClock()
+        limiter = Limiter(backend, margin=0, rates=["100/hour"], clock=clock)
+        for _ in range(10):
+            assert limiter.try_acquire(TOKEN).allowed
+            clock.advance(1)
+        log = redis_keys(limiter.store_key(TOKEN))[0]
+        assert [len(m) for m in client.zrangebyscore(log, 0, "+inf")] == [12] * 10
+        clock.advance(1.5)  # the oldest id is past 2 x 5 s: the next booking compacts
+        assert limiter.try_acquire(TOKEN).allowed
+        members = client.zrangebyscore(log, 0, "+inf", withscores=True)
+        now = us(clock())
+        assert [len(m) for m, slot in members if slot < now - us(5)] == [6] * 7
+        assert [len(m) for m, slot in members if slot >= now - us(5)] == [12] * 4
+        assert [int.from_bytes(m[:6], "big") for m, _ in members] == list(range(1, 12))
+        assert limiter.usage(TOKEN).rates[0].used == 11
+    client.close()

@@ -4,8 +4,13 @@
 -- retries are found in the first key).
 local function book(k, slot, cost, id)
   local cum = k.total + cost
-  redis.call('ZADD', k.log, format('%d', slot), id and entry(cum) .. id or entry(cum))
-  drop_ids(k)
+  if id then
+    redis.call('ZADD', k.log, format('%d', slot), entry(cum) .. id)
+    if k.idold < 0 then k.idold = slot end
+    compact_ids(k)
+  else
+    redis.call('ZADD', k.log, format('%d', slot), entry(cum))
+  end
   book_coarse(k, slot, cost)
   local h = histories[k.meta]
   -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or

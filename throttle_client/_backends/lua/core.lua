@@ -13,14 +13,15 @@
 --         "slot at which the running total reaches y" is one lookup by rank from the
 --         newest entry while every entry after y cost 1 (M's `wcum`), a bisection over
 --         ranks otherwise. The call's id follows the 6 bytes (6 more: a retried call
---         finds its slot, see "Call ids"): 12 bytes keep an entry at ~100 bytes. An older
+--         finds its slot, see "Call ids") until it is KEEP_IDS old, then goes: a 6-byte
+--         member keeps an entry at ~100 bytes. An older
 --         version kept the ids as members of their own, "c" .. id scored -(slot + 1).
 -- KEYS[2] M, the meta: msgpack of ("tc2", last, total, base, pause, first, exp, since,
 --            until, limit, from, born, wcum, idold, coarse, trimmed) (µs and costs; -1 for no entry; since..from:
 --            a limit learned from the upstream, counted from running total `from`, until 0
 --            for none; born: when the key's running totals began, the script's now when
 --            it makes a meta afresh; wcum: the running total of the newest entry that cost
---            more than 1; idold: the slot of the oldest id member an older version left in L, -1 for none; coarse:
+--            more than 1; idold: the slot of the oldest entry that may still hold its id, -1 for none; coarse:
 --            the bounded rates' coarse logs, name -> 13 bytes per entry, see "Bounded
 --            rates", or nil for none: older versions read the rest and drop it;
 --            trimmed: L holds every entry after this slot, 0 for all). A

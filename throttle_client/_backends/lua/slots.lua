@@ -53,13 +53,14 @@ end
 
 -- Call ids. A retried call (its answer lost, the limiter tries again with the same id,
 -- marked as a retry) must get the slot its first attempt booked, never a second one.
--- Each entry's member carries its call's id after its running total (entry(cum) .. id):
--- no member of its own, so an id costs a log a few bytes per call, and a first attempt,
--- whose id is new, never looks. A retry looks through the entries of the last KEEP_IDS
--- (a limiter's retries of a call end within its retry_for, 1 s by default, plus a 1 s
--- timeout), which the log keeps whatever its windows (at_now). An older version kept the
--- ids as members of their own, "c" .. id scored -(slot + 1), dropped in batches once
--- past their time (M's idold): those still in a log go the same way.
+-- An entry's member carries its call's id after its running total (entry(cum) .. id):
+-- no member of its own, and a first attempt, whose id is new, never looks. A retry looks
+-- through the entries of the last KEEP_IDS (a limiter's retries of a call end within its
+-- retry_for, 1 s by default, plus a 1 s timeout), which trimming spares (at_now). Past
+-- that, an id serves no one: entries are rewritten without it in batches (compact_ids),
+-- once the oldest that may hold one (M's idold) is 2 x KEEP_IDS old, so that a long log
+-- costs what its running totals cost. An older version kept the ids as members of their
+-- own, "c" .. id scored -(slot + 1): those go in the same step.
 
 local function booked(k, id) -- the slot an earlier attempt of this call booked, if any
   -- Newest first, a page at a time: slots go in arrival order, so a retried call's entry
@@ -74,13 +75,26 @@ local function booked(k, id) -- the slot an earlier attempt of this call booked,
   until #page < 128
 end
 
-local function drop_ids(k) -- an older version's ids past KEEP_IDS go; true if any went
-  if k.idold >= 0 and k.idold < now - 2 * KEEP_IDS then
-    redis.call('ZREMRANGEBYSCORE', k.log, format('(%d', -(now - KEEP_IDS) - 1), -1)
-    local oldest = redis.call('ZREVRANGEBYSCORE', k.log, -1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
-    k.idold = oldest and -tonumber(oldest) - 1 or -1
-    return true
+local function compact_ids(k) -- entries past KEEP_IDS lose their ids; true if any did
+  if k.idold < 0 or k.idold >= now - 2 * KEEP_IDS then return false end
+  local from, upto = format('%d', k.idold), format('(%d', now - KEEP_IDS)
+  local old = redis.call('ZRANGEBYSCORE', k.log, from, upto, 'WITHSCORES')
+  if #old > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.log, from, upto)
+    local args = {}
+    for i = 1, #old, 2 do -- each again by its running total alone (a repair's keeps its mark)
+      args[#args + 1] = old[i + 1]
+      args[#args + 1] = #old[i] > 7 and string.sub(old[i], 1, 6) or old[i]
+      if #args >= 2000 or i + 1 >= #old then -- (unpack's limit on arguments)
+        redis.call('ZADD', k.log, unpack(args))
+        args = {}
+      end
+    end
   end
+  redis.call('ZREMRANGEBYSCORE', k.log, '-inf', '(0') -- an older version's id members
+  -- The entries from now - KEEP_IDS on may still hold ids, if the log has any.
+  k.idold = k.last >= now - KEEP_IDS and now - KEEP_IDS or -1
+  return true
 end
 
 -- A call's id as the limiter sends it: "~" before a retry's, "=" before a first
@@ -94,9 +108,9 @@ local function read_id(arg)
   return id, mark == '~'
 end
 
--- A refused acquire books nothing, but drops an older version's ids past their time.
+-- A refused acquire books nothing, but takes the ids past their time out of the log.
 local function tidy(k)
-  if drop_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
+  if compact_ids(k) then save(k, math.max(k.last, k.pause) + k.q.horizon, false) end
 end
 
 local function past_totals(k, cost) -- a 6-byte member holds totals below 2^48
