@@ -13,13 +13,10 @@ earlier slot, stay met at the later one.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING
 
 from .coarse import counts
+from .log_view import LogView
 from .quota import Quota, Windows
-
-if TYPE_CHECKING:
-    from .sliding_log import LogView
 
 MAX_TIME = 2**63  # after any time a store works with (see _ranges)
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .quota import Buckets, Period, Quota, Windows
-
-if TYPE_CHECKING:
-    from .sliding_log import LogView
 
 
 class Counts(Protocol):
@@ -89,7 +86,15 @@ class Coarse:
             del self.times[:index], self.cums[:index]
 
 
-def coarse_of(log: LogView, name: str) -> Coarse:
+class Logged(Counts, Protocol):
+    """What the coarse logs read of a key's log (a ``log_view.LogView``)."""
+
+    @property
+    def last(self) -> int | None: ...
+    def coarse(self, name: str) -> Coarse | None: ...
+
+
+def coarse_of(log: Logged, name: str) -> Coarse:
     """The key's coarse log ``name``, holding every unit the key's log holds. A key
     without one (new, or its rate just made bounded, or lost: the stores keep it with
     the meta) begins one; units it lacks (calls booked while the rate was not bounded)
@@ -105,7 +110,7 @@ def coarse_of(log: LogView, name: str) -> Coarse:
     return coarse
 
 
-def counted_before(log: LogView, quota: Quota, t: int, now: int) -> int | None:
+def counted_before(log: Logged, quota: Quota, t: int, now: int) -> int | None:
     """Units before ``t`` as the coarse logs of the key's bounded rates whose windows
     still reach ``t`` count them: none more than there were (each counts a call at its
     bucket's end, never earlier), so the largest is a lower bound, which errs towards
@@ -119,7 +124,7 @@ def counted_before(log: LogView, quota: Quota, t: int, now: int) -> int | None:
     return max(bounds, default=None)
 
 
-def counts(log: LogView, period: Period) -> Counts:
+def counts(log: Logged, period: Period) -> Counts:
     """The log that counts a rate: its coarse log if it is bounded, else the key's."""
     name = "" if isinstance(period, int) else period.name
     return coarse_of(log, name) if name else log

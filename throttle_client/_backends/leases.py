@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from . import sliding_log
 from .answers import Snapshot, Verdict
+from .log_view import LogView
 from .ops import AcquireAll, Charge, Inspect, Op, Release, Renew, Reset
 
 T = TypeVar("T")
@@ -92,7 +93,7 @@ def log_keys(op: Op[Any]) -> list[str]:
 
 def execute(
     op: Op[T],
-    logs: Sequence[sliding_log.LogView],
+    logs: Sequence[LogView],
     view: Callable[[str], LeaseView],
     now: int,
     granted: list[str],
@@ -143,7 +144,7 @@ def settle(view: LeaseView, charge: Charge, now: int, granted: list[str]) -> Non
 
 
 def acquire(
-    logs: Sequence[sliding_log.LogView],
+    logs: Sequence[LogView],
     views: Sequence[LeaseView | None],
     op: AcquireAll,
     now: int,

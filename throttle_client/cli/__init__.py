@@ -7,8 +7,9 @@ none of it (nor ``rich``, which the live view of the demo needs: the ``cli`` ext
   ``history``): its entry point; :mod:`.arguments` (its parser), :mod:`.status`
   (``status``, ``reset``, ``history``), :mod:`.watch` (``demo``, ``top``);
 - :mod:`.demo`: crawler processes sharing one quota against a strict local API, started
-  and watched; its parts: :mod:`.crawler` (the crawler processes), :mod:`.judge` (how a
-  run is judged), :mod:`.summary` (its progress lines and summary);
+  and watched; its parts: :mod:`.settings` (its settings, store and run record, which
+  the others read), :mod:`.crawler` (the crawler processes), :mod:`.judge` (how a run is
+  judged), :mod:`.summary` (its progress lines and summary);
 - :mod:`.top`: the keys of a store nearest their limits, read from their cards;
 - :mod:`.live`: the live views of the demo and of ``top``, with rich (the only module
   that imports it);

@@ -12,26 +12,20 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from throttle_client import Event, Limiter, Rate, ThrottledTransport, ThrottleTimeout
 
+from .settings import FIELDS, OK, REFUSED, SENT, WAITING, Store
 from .summary import quiet
-
-if TYPE_CHECKING:
-    from .demo import _Store
-
-# Per token, in a shared array: requests sent, answered 200, answered 429, workers waiting.
-SENT, OK, REFUSED, WAITING = range(4)
-FIELDS = 4
 
 
 @dataclass(frozen=True)
 class CrawlPlan:
     index: int
-    store: _Store
+    store: Store
     namespace: str
     rates: tuple[Rate, ...]
     min_interval: float

@@ -29,7 +29,6 @@ that, and a crawler that wakes later than its slot + margin books a new slot.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import multiprocessing
 import queue
 import secrets
@@ -37,17 +36,31 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from throttle_client import Backend, Limiter, Rate, RedisBackend, SQLiteBackend
+from throttle_client import Limiter, Rate
 
-from .crawler import FIELDS, CrawlPlan, CrawlReport, crawl
+from .crawler import CrawlPlan, CrawlReport, crawl
 from .judge import fullest_window, judge, most_calls
+from .settings import (
+    DEFAULT_DURATION,
+    DEFAULT_MARGIN,
+    DEFAULT_MIN_INTERVAL,
+    DEFAULT_RATES,
+    DEFAULT_TOKENS,
+    DEFAULT_TOLERANCE,
+    DEFAULT_WORKERS,
+    FIELDS,
+    DemoConfig,
+    DemoRun,
+    Store,
+)
 from .summary import ProgressLines, describe_quota, progress_line, quiet, summary_text
 from .upstream import StrictUpstream
+
+_Store = Store  # (the name the tests know it by)
 
 # The demo as the command and the live view use it, its parts included: they reach each
 # name through this module, so that a name replaced here (as the tests replace run_demo)
@@ -75,50 +88,6 @@ __all__ = [
     "summary_text",
 ]
 
-# The demo's quota: a provider's "N per hour, M per second, calls at least g apart",
-# scaled down so that both windows bind within a few seconds.
-DEFAULT_RATES = ("10/second", "80/10 seconds")
-DEFAULT_MIN_INTERVAL = 0.05
-# The upstream counts arrivals with no forgiveness: the limiters' margin absorbs the delay.
-DEFAULT_TOLERANCE = 0.0
-DEFAULT_DURATION = 10.0
-DEFAULT_WORKERS = 4
-DEFAULT_TOKENS = 2
-# The limiters' margin unless told otherwise: the library's own default, read where the
-# library documents it (Limiter's signature), so the demo shows what a worker gets.
-DEFAULT_MARGIN: float = inspect.signature(Limiter).parameters["margin"].default
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    workers: int = DEFAULT_WORKERS
-    tokens: int = DEFAULT_TOKENS
-    duration: float = DEFAULT_DURATION
-    rates: tuple[Rate, ...] = tuple(Rate.parse(r) for r in DEFAULT_RATES)
-    min_interval: float = DEFAULT_MIN_INTERVAL
-    margin: float = DEFAULT_MARGIN
-    tolerance: float = DEFAULT_TOLERANCE
-    redis_url: str | None = None
-
-
-@dataclass(frozen=True)
-class _Store:
-    """Picklable: each crawler process opens the store itself."""
-
-    sqlite_path: str | None = None
-    redis_url: str | None = None
-
-    def open(self) -> Backend:
-        if self.redis_url is not None:
-            return RedisBackend(self.redis_url)
-        assert self.sqlite_path is not None
-        return SQLiteBackend(self.sqlite_path)
-
-    @property
-    def name(self) -> str:
-        return "Redis" if self.redis_url is not None else "SQLite (a temporary file)"
-
-
 # -- the upstream process ------------------------------------------------------------------
 
 
@@ -141,27 +110,6 @@ def _serve_upstream(
 # -- running it -------------------------------------------------------------------------------
 
 
-@dataclass
-class DemoRun:
-    """What the live display and the summary read while and after the demo runs."""
-
-    config: DemoConfig
-    store: _Store
-    limiter: Limiter
-    tokens: tuple[str, ...]
-    counters: Any
-    started: float = 0.0
-    upstream_stats: dict[str, Any] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    slots: dict[int, list[float]] = field(default_factory=dict)  # token number -> slots
-
-    def counts(self, number: int) -> tuple[int, int, int, int]:
-        base = number * FIELDS
-        values = self.counters[base : base + FIELDS]
-        return int(values[0]), int(values[1]), int(values[2]), int(values[3])
-
-
 class DemoError(Exception):
     """The demo could not run (no store, a crawler failed to start): one line for the user."""
 
@@ -175,12 +123,12 @@ def _assign(workers: int, tokens: int) -> list[list[int]]:
 
 
 @contextlib.contextmanager
-def _store(config: DemoConfig) -> Iterator[_Store]:
+def _store(config: DemoConfig) -> Iterator[Store]:
     if config.redis_url is not None:
-        yield _Store(redis_url=config.redis_url)
+        yield Store(redis_url=config.redis_url)
         return
     with tempfile.TemporaryDirectory(prefix="throttle-client-demo-") as tmp:
-        yield _Store(sqlite_path=str(Path(tmp) / "limits.db"))
+        yield Store(sqlite_path=str(Path(tmp) / "limits.db"))
 
 
 def run_demo(config: DemoConfig, *, watch: Callable[[DemoRun], None] | None = None) -> DemoRun:

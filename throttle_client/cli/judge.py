@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from throttle_client import Limiter, MemoryBackend, Rate
 
 if TYPE_CHECKING:
-    from .demo import DemoConfig
+    from .settings import DemoConfig
 
 
 class _Timeline:

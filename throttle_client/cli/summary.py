@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from .demo import DemoConfig, DemoRun
+    from .settings import DemoConfig, DemoRun
 
 
 def quiet() -> None:
