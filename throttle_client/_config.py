@@ -160,6 +160,21 @@ class Config:
             card=Card(None, name, rules, gap, slack, cap, zone if kept else None),
         )
 
+    def needs(self) -> dict[str, str]:
+        """The store features (``_backends.base.FEATURES``) this configuration cannot do
+        without, each with the setting that needs it."""
+        needed = {}
+        if self.max_concurrent:
+            needed["leases"] = f"max_concurrent={self.max_concurrent}"
+        if self.history:
+            needed["history"] = "history="
+        for rate in self.rates:
+            if rate.calendar:
+                needed["calendar"] = f"the calendar rate {rate}"
+            if rate.bounded:
+                needed["bounded"] = f"the bounded rate {rate}"
+        return needed
+
     def cost(self, cost: int) -> int:
         """``cost``, checked: a positive whole number that some slot can admit."""
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:

@@ -78,6 +78,14 @@ class LimiterCore:
             label=label,
             history=history,
         )
+        kept = store_of(store).features
+        missing = {feature: why for feature, why in config.needs().items() if feature not in kept}
+        if missing:
+            raise ConfigurationError(
+                f"{type(store_of(store)).__name__} does not keep "
+                + ", ".join(f"{feature} (which {why} needs)" for feature, why in missing.items())
+                + ": give this limiter a store that does (memory, SQLite and Redis keep all)"
+            )
         self._config = config
         # The configuration as the public attributes a user reads.
         self.rates: tuple[Rate, ...] = config.rates
@@ -93,11 +101,13 @@ class LimiterCore:
         self._wall: Callable[[], float] = clock or time.time
         self._sleep = sleep or self._default_sleep()
         self._pacing = Pacing(injected=clock is not None)
-        self._plan = Planner(config, self._pacing, self._wall)
+        self._plan = Planner(config, self._pacing, self._wall, cards="cards" in kept)
+        self._learns = "learned" in kept  # (a store that keeps no learned limit is sent none)
         self._guard = FailureGuard(on_unavailable, config.retry_for)
         self._listeners = Listeners()
-        # Whether the namespace's record was kept, or looked at (_calls.introduce_flow).
-        self._introduced = self._looked = False
+        # Whether the namespace's record was kept, or looked at (_calls.introduce_flow): a
+        # store that keeps no records is never asked.
+        self._introduced = self._looked = "records" not in kept
         # The last quota headers read per store key (usage().upstream), the newest
         # UPSTREAM_VIEWS keys only; whether a looser view has been reported; header
         # values learn() could not read (each reported once).
@@ -193,6 +203,12 @@ class LimiterCore:
         if not isinstance(other, LimiterCore) or type(other)._world != type(self)._world:
             raise TypeError(
                 f"also= takes ({type(self).__name__}, key) pairs, not a {type(other).__name__}"
+            )
+        if "stacked" not in store_of(self._backend()).features:
+            raise ConfigurationError(
+                f"{type(store_of(self._backend())).__name__} cannot charge one call to several "
+                "keys at once (it does not keep the 'stacked' feature): also= needs a store "
+                "that does"
             )
         if store_of(other._backend()) is not store_of(self._backend()):
             raise ConfigurationError(

@@ -80,6 +80,8 @@ def learn_flow(
     views.move_to_end(store_key)
     if len(views) > UPSTREAM_VIEWS:
         views.popitem(last=False)
+    if not core._learns:  # (a store that keeps no learned limit: the view is only read)
+        return view, now
     if not stricter:
         if not core._told_looser:
             core._told_looser = True

@@ -85,8 +85,11 @@ def windows_for(
 class Planner:
     """One limiter's operations, and what it keeps between them to make them."""
 
-    def __init__(self, config: Config, pacing: Pacing, wall: Callable[[], float]) -> None:
+    def __init__(
+        self, config: Config, pacing: Pacing, wall: Callable[[], float], *, cards: bool = True
+    ) -> None:
         self.config = config
+        self._keeps_cards = cards  # (a store that keeps no cards is sent none)
         self.pacing = pacing  # (the store's time, as estimated)
         self._wall = wall
         self.lives = Lives()  # what this worker knows of its keys' lives in the store
@@ -162,12 +165,14 @@ class Planner:
 
     def cards_due(self, store_key: str, now: float) -> tuple[StoreCard, ...]:
         """The key's card, if a decision made now is to write it."""
+        if not self._keeps_cards:
+            return ()
         return self.card_of(store_key) if self.cards.due(store_key, now) else ()
 
     def card_of(self, store_key: str, at_least: float = 0.0) -> tuple[StoreCard, ...]:
         """The key's card, to last its TTL, and ``at_least`` seconds (a lease's)."""
-        if not self.cards.known(store_key):  # (a card without its label: not written)
-            return ()
+        if not self._keeps_cards or not self.cards.known(store_key):
+            return ()  # (no cards in this store; or a card without its label: not written)
         ttl_us = max(self._card_ttl_us, round(at_least * US))
         return (StoreCard(store_key, self.cards.text(store_key), ttl_us),)
 

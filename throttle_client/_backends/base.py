@@ -50,6 +50,7 @@ from .pushback import Pushback
 from .quota import Buckets, Period, Quota, Windows
 
 __all__ = [
+    "FEATURES",
     "Acquire",
     "AcquireAll",
     "AsyncBackend",
@@ -109,12 +110,28 @@ def _checked(store_key: str) -> str:
     return store_key
 
 
+# What a store may do beyond the plain decision (Acquire, Inspect, Pause, Reset), each a
+# feature a limiter opts into: "leases" (max_concurrent: Renew, Release, a lease id with
+# AcquireAll), "stacked" (also=: AcquireAll), "calendar" and "bounded" (rates of those
+# kinds in a Quota), "learned" (Learn), "history" (ReadHistory, Acquire.history), "cards"
+# (Acquire.cards and the like, cards(), all_cards()), "records" (fingerprint()). A store
+# declares those it keeps in ``features``: a limiter that needs one it lacks is refused
+# when it is made, naming it, and one it could do without (cards, records, learned) is
+# never sent.
+FEATURES = frozenset(
+    {"leases", "stacked", "calendar", "bounded", "learned", "history", "cards", "records"}
+)
+
+
 class Backend(abc.ABC):
     """A blocking store for a :class:`~throttle_client.Limiter`.
 
     A subclass answers every operation in ``execute``, atomically for every worker
     that shares the store. It is a context manager: leaving the block closes it.
+    ``features``: what it keeps beyond the plain decision (``FEATURES``, all by default).
     """
+
+    features: frozenset[str] = FEATURES
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -193,7 +210,10 @@ class AsyncBackend(abc.ABC):
     """An asyncio store for an :class:`~throttle_client.AsyncLimiter`.
 
     A subclass answers every operation in ``aexecute``; ``async with`` closes it.
+    ``features``: as :attr:`Backend.features`.
     """
+
+    features: frozenset[str] = FEATURES
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -243,6 +263,7 @@ class InlineAsync(AsyncBackend):
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self.features = backend.features
 
     @property
     def doorbell(self) -> Doorbell:
@@ -272,6 +293,7 @@ class ThreadedAsync(AsyncBackend):
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self.features = backend.features
         self._pools: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._lock = threading.Lock()
 
