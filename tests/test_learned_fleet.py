@@ -14,15 +14,18 @@ what the headers say can keep the fleet from 429s:
 Held in both: no 429 reaches the fleet once it has had its first answer (before any
 answer it knows nothing of the upstream). Counted: the fleet's requests answered 429
 that *arrived* at the upstream after the earliest moment any worker had read a
-response. And the quota is used: the requests admitted (fleet and outside client
-together) in the full windows of the run are at least 90 % of the upstream's limit
-times their number.
+response. And the quota is used: in the full windows of the run in which the limiter held
+some worker back (a wait for a slot of over 0.2 s), the requests admitted (fleet and
+outside client together) are at least 90 % of the upstream's limit times their number. A
+window in which no worker waited was bounded by what the machine could send, not by the
+limiter: it is printed, and not judged.
 
 Real time, real processes, real sockets.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import threading
 import time
@@ -35,7 +38,7 @@ import pytest
 
 from tests.quota_upstream import QuotaUpstream
 from tests.workers import start_together
-from throttle_client import Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
+from throttle_client import Event, Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 
 # The second tier (pytest -m slow): see pyproject.toml.
 pytestmark = pytest.mark.slow
@@ -46,17 +49,23 @@ TOKEN = "shared-token"
 # the fleet stops short of it by about the requests in flight plus its rate x margin: a
 # learned limit counts slots from the answered request's slot less the margin (see
 # _learning.learn_flow), so requests that reached the upstream within the margin before
-# that request are counted twice. Here: 8 in flight plus ~1000 requests/s x 25 ms, about
-# 30 a window whatever the limit: 4 % of 750, but 10 % of 300 (measured: 89.8 % at 300
-# per 1 s). 750 per 1.5 s leaves the fleet (about 1000 requests/s on 2 CPUs) half a
-# window of slack, so a machine twice as slow still fills each window.
-LIMIT = 750
-WINDOW = 1.5  # seconds
-DURATION = 8.0  # seconds of demand: three full windows at least, between two partial ones,
+# that request are counted twice: about 30 a window whatever the limit (measured: 89.8 %
+# at 300 per 1 s). 600 per 3 s asks 200 requests/s of the fleet, which sends 400 to 1000 a
+# second on 2 CPUs (the fewer when the machine is busy): it reaches each window's limit
+# well before the window ends, and waits, so every window judges what the limiter lets
+# through; and the 30 are 5 % of it.
+LIMIT = 600
+WINDOW = 3.0  # seconds
+DURATION = 14.0  # seconds of demand: three full windows at least, between two partial ones,
 # even when the first request takes 2 s (a CI run with the oldest redis-py on a Cluster,
-# 8 processes on 2 CPUs, had only 2 full windows in 6.5 s)
+# 8 processes on 2 CPUs, had only 2 full windows in 6.5 s of 1.5 s windows)
 OUTSIDE_SHARE = 3  # scenario b: the outside client tries a third of each window
 MIN_UTILISATION = 0.90
+# A wait for a slot longer than this holds a worker back for the quota: a window in which
+# no worker was held back was bounded by what the machine could send, not by the limiter.
+# (Shorter waits are a slow store's: a call whose round trip takes a good part of the
+# margin asks for a slot two round trips ahead.)
+HELD = 0.2  # seconds
 
 # Workers come from a fork server that has imported httpx, redis and this library once
 # (a clean single-threaded process: the parent runs the upstream's threads).
@@ -75,6 +84,7 @@ class Report:
     learned: str  # repr of limiter.usage(TOKEN).learned at the end
     upstream: str  # repr of limiter.usage(TOKEN).upstream at the end
     error: str | None
+    held: tuple[tuple[float, float], ...] = ()  # (from, to), time.time(): waits over HELD
 
 
 def _fleet_worker(
@@ -98,6 +108,13 @@ def _fleet_worker(
     first_answer = None
     error = None
     learned = upstream = ""
+    held: list[tuple[float, float]] = []
+
+    def note(event: Event) -> None:
+        if event.kind == "admitted" and event.waited > HELD:
+            held.append((event.time - event.waited, event.time))
+
+    limiter.listen(note)
     start.wait(60)
     deadline = time.time() + DURATION
     try:
@@ -112,7 +129,8 @@ def _fleet_worker(
         error = repr(exc)
     client.close()
     backend.close()
-    results.put(Report(name, dict(statuses), first_answer, deadline, learned, upstream, error))
+    report = Report(name, dict(statuses), first_answer, deadline, learned, upstream, error)
+    results.put(dataclasses.replace(report, held=tuple(held)))
 
 
 class OutsideClient:
@@ -178,9 +196,12 @@ def run_fleet(url: str, kind: str, upstream: QuotaUpstream, configured: Rate) ->
     return reports
 
 
-def judge(scenario: str, upstream: QuotaUpstream, reports: list[Report]) -> tuple[int, float]:
+def judge(
+    scenario: str, upstream: QuotaUpstream, reports: list[Report]
+) -> tuple[int, float | None]:
     """Print the run's figures; answer (429s to the fleet after its first answer, the
-    utilisation of the full windows)."""
+    utilisation of the full windows in which the limiter held the fleet back, None if it
+    held it back in none: the machine, not the limiter, bounded what it sent)."""
     arrivals = upstream.arrivals(TOKEN)
     fleet = [a for a in arrivals if a.client.startswith("fleet-")]
     outside = [a for a in arrivals if a.client == "outside"]
@@ -196,7 +217,14 @@ def judge(scenario: str, upstream: QuotaUpstream, reports: list[Report]) -> tupl
     windows = range(first_window, last_window + 1)
     admitted = upstream.admitted_per_window(TOKEN)
     by_outside = Counter(upstream.window_of(a.at) for a in outside if a.status == 200)
-    utilisation = sum(admitted[w] for w in windows) / (len(windows) * upstream.limit)
+    held = {
+        w
+        for report in reports
+        for begun, ended in report.held
+        for w in range(upstream.window_of(begun), upstream.window_of(ended) + 1)
+    }
+    bound = [w for w in windows if w in held]
+    utilisation = sum(admitted[w] for w in bound) / (len(bound) * upstream.limit) if bound else None
 
     print(
         f"\n[{scenario}] {len(fleet)} fleet requests: "
@@ -207,11 +235,19 @@ def judge(scenario: str, upstream: QuotaUpstream, reports: list[Report]) -> tupl
         f"{sum(a.status == 429 for a in outside)} refused"
     )
     for w in windows:
+        print()
         print(
             f"[{scenario}]   window {w - first_window + 1}: {admitted[w]}/{upstream.limit} "
             f"admitted ({by_outside[w]} of them the outside client's)"
+            + ("" if w in held else "; no worker was held back: the machine bounded it")
         )
-    print(f"[{scenario}] utilisation over {len(windows)} full windows: {utilisation:.1%}")
+    if utilisation is None:
+        print(f"[{scenario}] the limiter held the fleet back in none of the full windows")
+    else:
+        print(
+            f"[{scenario}] utilisation over the {len(bound)} full windows (of "
+            f"{len(windows)}) in which the limiter held the fleet back: {utilisation:.1%}"
+        )
     print(f"[{scenario}] a worker's view at the end: learned={reports[0].learned}")
     print(f"[{scenario}]   upstream={reports[0].upstream}")
     assert len(windows) >= 3, f"only {len(windows)} full windows"
@@ -227,7 +263,7 @@ def test_a_plan_smaller_than_configured_is_learned_by_the_fleet(
         reports = run_fleet(url, kind, upstream, Rate(2 * LIMIT, WINDOW))
         late_429s, utilisation = judge(f"a/{kind}", upstream, reports)
     assert late_429s == 0
-    assert utilisation >= MIN_UTILISATION
+    assert utilisation is None or utilisation >= MIN_UTILISATION
 
 
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
@@ -241,4 +277,4 @@ def test_b_a_token_shared_with_an_outside_client_is_learned_by_the_fleet(
         late_429s, utilisation = judge(f"b/{kind}", upstream, reports)
     print(f"[b/{kind}] outside client's statuses: {dict(outside.statuses)}")
     assert late_429s == 0
-    assert utilisation >= MIN_UTILISATION
+    assert utilisation is None or utilisation >= MIN_UTILISATION
