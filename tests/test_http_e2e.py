@@ -109,8 +109,10 @@ def test_a_429_storm_holds_every_worker_for_the_retry_after(redis_url):
     assert all(status == 200 for worker in statuses for status in worker)  # retried, not lost
     assert len(admitted) == 2 * WORKERS
     storm, *in_flight = refused
-    # Only requests already sent when the first 429 came back may hit the pause; a
-    # worker that slept towards a slot booked before the pause looks again and waits.
-    assert all(t - storm < 0.1 for t in in_flight), [round(t - storm, 3) for t in in_flight]
+    # Only requests already on their way when the pause was written may hit it; a worker
+    # that slept towards a slot booked before the pause looks again and waits. The pause
+    # is written once the first 429's worker has read it, which a machine busy with 8
+    # workers, the upstream and Redis on 2 CPUs delays by up to a few gaps (85 ms each).
+    assert all(t - storm < 0.3 for t in in_flight), [round(t - storm, 3) for t in in_flight]
     assert len(in_flight) < WORKERS
     assert min(admitted) - storm >= 2.0 - TOLERANCE
