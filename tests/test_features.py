@@ -20,10 +20,8 @@ from throttle_client._backends.base import FEATURES, Acquire, Learn, Op
 from throttle_client.testing import FakeClock
 
 
-class Plain(MemoryBackend):
-    """A store that keeps only the plain decision, and notes every operation."""
-
-    features = frozenset()
+class Noting(MemoryBackend):
+    """A store of every feature that notes every operation."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,6 +30,12 @@ class Plain(MemoryBackend):
     def execute(self, op: Op[Any]) -> Any:
         self.ops.append(op)
         return super().execute(op)
+
+
+class Plain(Noting):
+    """One that keeps only the plain decision."""
+
+    features = frozenset()
 
 
 def test_the_stores_keep_every_feature() -> None:
@@ -85,15 +89,6 @@ def test_a_plain_limiter_sends_no_side_data_its_store_does_not_keep() -> None:
 
 
 def test_the_same_limiter_on_a_store_that_keeps_all_sends_them() -> None:
-    class Noting(MemoryBackend):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[Op[Any]] = []
-
-        def execute(self, op: Op[Any]) -> Any:
-            self.ops.append(op)
-            return super().execute(op)
-
     store = Noting()
     limiter = Limiter(store, rates=[Rate(10, 60)], label=lambda key: "acct 1", clock=FakeClock())
     decision = limiter.try_acquire("t")

@@ -17,12 +17,12 @@ from datetime import timedelta
 from ._backends import leases
 from ._backends.base import Acquire, AcquireAll, Charge, Release, Renew, StoreCard, Verdict
 from ._calls import ask_flow, execute_flow, introduce_flow, look_flow
-from ._config import US
+from ._config import US, us_to_seconds
 from ._core import Also, LimiterCore, also_entry
 from ._errors import ThrottleTimeout
 from ._events import ADMITTED, LATE_WAKEUP, REFUSED, TIMED_OUT
 from ._flow import AwaitGrant, Flow, Sleep
-from ._planning import Planners, acquire_all, expecting, missed, rebook, remember, rewindowed
+from ._planning import Planners, acquire_all, expecting, rebook, remember, rewindowed, unsent
 from ._rate import Rate
 from ._results import Decision
 
@@ -38,10 +38,6 @@ LOOK_AHEAD = 0.002
 INTRODUCE_IN = 0.05
 # Late wake-ups after which a call goes anyway (with a warning) rather than book again.
 MAX_REBOOKS = 3
-
-
-def _seconds(us: int) -> float:
-    return us / US
 
 
 def charges(core: LimiterCore, key: str, cost: int, also: Also, now: float) -> tuple[Charge, ...]:
@@ -102,13 +98,15 @@ def _decision(
 ) -> Decision:
     return Decision(
         allowed=verdict.allowed,
-        retry_after=0.0 if verdict.allowed else _seconds(max(0, verdict.slot_us - verdict.now_us)),
+        retry_after=0.0
+        if verdict.allowed
+        else us_to_seconds(max(0, verdict.slot_us - verdict.now_us)),
         waited=waited,
-        slot=_seconds(verdict.slot_us),
+        slot=us_to_seconds(verdict.slot_us),
         cost=cost,
         remaining=verdict.remaining,
         rates=core.rates if rates is None else rates,
-        paused_until=_seconds(verdict.pause_until_us)
+        paused_until=us_to_seconds(verdict.pause_until_us)
         if verdict.pause_until_us > verdict.now_us
         else None,
         late_wakeups=late_wakeups,
@@ -172,10 +170,10 @@ def acquire_flow(
         try:
             verdict, from_store, now = yield from ask_flow(core, op, sent, planners)
         except BaseException:
-            missed(op, planners)
+            unsent(op, planners)
             raise
         if not from_store:
-            missed(op, planners)
+            unsent(op, planners)
         # on_unavailable's answers are made here, at the end of the call: none came late.
         clock = core._pacing.observe(
             from_store, sent if from_store else now, now, verdict.now_us, timed=not cold
@@ -189,9 +187,9 @@ def acquire_flow(
                 # be lost, it looks again now and then (a third of its shortest TTL,
                 # which keeps its ticket alive), and the head waiter when a lease
                 # could next expire on its own.
-                wait = _seconds(leases.shortest_ttl_us(op.charges)) / 3
+                wait = us_to_seconds(leases.shortest_ttl_us(op.charges)) / 3
                 if verdict.head:
-                    wait = min(wait, max(0.001, _seconds(verdict.slot_us - verdict.now_us)))
+                    wait = min(wait, max(0.001, us_to_seconds(verdict.slot_us - verdict.now_us)))
                 wait = min(wait, left / US)
                 # An injected clock moves only with the injected sleep: the bell is
                 # only looked at, and the wait slept.
@@ -228,7 +226,7 @@ def acquire_flow(
                     late_wakeups=late_wakeups,
                 )
             raise ThrottleTimeout(refused.retry_after, late_wakeups=late_wakeups)
-        slot = _seconds(verdict.slot_us)
+        slot = us_to_seconds(verdict.slot_us)
         wake = clock.wake_at(slot)
         rtt = now - sent  # this call's last round trip to the store
         # What a slot found within the wait the store was told of may still add: the

@@ -202,7 +202,7 @@ class Cards:
 
     def due(self, store_key: str, now: float) -> bool:
         """Whether a decision made now carries the key's card; if so, the next is due
-        later (a call that did not reach the store gives it back: ``missed``)."""
+        later (a call that did not reach the store gives it back: ``unsent``)."""
         with self._lock:
             if self._due.get(store_key, now) > now:
                 return False
@@ -212,7 +212,7 @@ class Cards:
                 self._due.popitem(last=False)
             return True
 
-    def missed(self, store_key: str) -> None:
+    def unsent(self, store_key: str) -> None:
         with self._lock:
             self._due.pop(store_key, None)
 

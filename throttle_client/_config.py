@@ -25,6 +25,12 @@ from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
 US = 1_000_000
 log = logging.getLogger("throttle_client")
 
+
+def us_to_seconds(us: int) -> float:
+    """µs, as the store counts, in seconds, as the user reads them."""
+    return us / US
+
+
 # How much later than its slot a request may leave, by default (seconds): see ``margin``
 # in Limiter and the measurements behind this number in benchmarks/README.md.
 DEFAULT_MARGIN = 0.025

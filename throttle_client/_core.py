@@ -134,6 +134,7 @@ class LimiterCore:
         raise NotImplementedError
 
     def _backend(self) -> Backend | AsyncBackend:
+        # (each world's store, as it adopted it)
         return self.backend  # type: ignore[no-any-return]
 
     # -- keys -------------------------------------------------------------------------

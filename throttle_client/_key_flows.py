@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._backends.base import ReadHistory, Snapshot
 from ._calls import ask_flow, execute_flow, introduce_flow
-from ._config import US
+from ._config import us_to_seconds
 from ._core import LimiterCore
 from ._errors import BackendError
 from ._events import PAUSED
@@ -16,10 +16,6 @@ from ._flow import Flow
 from ._history import UsageHistory, read_history
 from ._ranges import MAX_TOTAL
 from ._results import LearnedLimit, RateUsage, Usage
-
-
-def _seconds(us: int) -> float:
-    return us / US
 
 
 def usage_flow(core: LimiterCore, store_key: str, now: float) -> Flow[Usage]:
@@ -48,20 +44,20 @@ def usage_of(core: LimiterCore, snap: Snapshot) -> Usage:
                 used=used,
                 booked=snap.booked,
                 remaining=max(0, rate.limit - used - snap.booked),
-                resets_in=_seconds(max(0, ready - now)),
-                resets_at=_seconds(rate.calendar.bounds(now)[1]) if rate.calendar else None,
+                resets_in=us_to_seconds(max(0, ready - now)),
+                resets_at=us_to_seconds(rate.calendar.bounds(now)[1]) if rate.calendar else None,
             )
             for rate, used, ready in zip(core.rates, snap.used, snap.ready_at_us, strict=True)
         ),
-        next_slot_in=_seconds(max(0, snap.next_slot_us - now)),
-        paused_for=_seconds(max(0, snap.pause_until_us - now)),
-        paused_until=_seconds(snap.pause_until_us) if snap.pause_until_us > now else None,
+        next_slot_in=us_to_seconds(max(0, snap.next_slot_us - now)),
+        paused_for=us_to_seconds(max(0, snap.pause_until_us - now)),
+        paused_until=us_to_seconds(snap.pause_until_us) if snap.pause_until_us > now else None,
         in_flight=snap.in_flight if capped else None,
         waiting=snap.waiting if capped else None,
         learned=None
         if snap.learned is None
         else LearnedLimit(
-            limit=snap.learned[0], used=snap.learned[1], resets_at=_seconds(snap.learned[2])
+            limit=snap.learned[0], used=snap.learned[1], resets_at=us_to_seconds(snap.learned[2])
         ),
     )
 
@@ -94,12 +90,12 @@ def pause_flow(
     until, _, now = yield from execute_flow(core, op, now)
     if core._listeners:
         fields = {"reason": reason, "source": source, "route": route}
-        core._emit(PAUSED, op.key, until=_seconds(until), **fields)
-    return _seconds(until), now
+        core._emit(PAUSED, op.key, until=us_to_seconds(until), **fields)
+    return us_to_seconds(until), now
 
 
 def reset_flow(core: LimiterCore, key: str, now: float) -> Flow[None]:
-    yield from execute_flow(core, core._plan.reset(key, now), now)
-    store_key = core.store_key(key)
-    core._upstream.pop(store_key, None)
-    core._plan.lives.forget(store_key)
+    op = core._plan.reset(key, now)
+    yield from execute_flow(core, op, now)
+    core._upstream.pop(op.key, None)
+    core._plan.lives.forget(op.key)

@@ -86,9 +86,6 @@ class Limiter(LimiterCore):
     _world = "sync"
     backend: Backend
 
-    def _backend(self) -> Backend:
-        return self.backend
-
     def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, with blocking calls (see ``_flow``)."""
         if isinstance(step, Call):
@@ -239,9 +236,6 @@ class AsyncLimiter(LimiterCore):
 
     _world = "async"
     backend: AsyncBackend
-
-    def _backend(self) -> AsyncBackend:
-        return self.backend
 
     async def _perform(self, step: LimiterStep) -> Any:
         """One step of a flow, awaited (see ``_flow``)."""

@@ -315,11 +315,11 @@ def rebook(
     return expecting(again, planners, now)
 
 
-def missed(op: Acquire | AcquireAll, planners: Planners) -> None:
+def unsent(op: Acquire | AcquireAll, planners: Planners) -> None:
     """The cards of a decision the store did not answer go with the next one."""
     for planner in planners:
         for card in op.cards:
-            planner.cards.missed(card.key)
+            planner.cards.unsent(card.key)
 
 
 def remember(op: Acquire | AcquireAll, verdict: Verdict, planners: Planners) -> list[str]:

@@ -4,13 +4,9 @@
 -- retries are found in the first key).
 local function book(k, slot, cost, id)
   local cum = k.total + cost
-  if id then
-    redis.call('ZADD', k.log, format('%d', slot), entry(cum) .. id)
-    if k.idold < 0 then k.idold = slot end
-    compact_ids(k)
-  else
-    redis.call('ZADD', k.log, format('%d', slot), entry(cum))
-  end
+  redis.call('ZADD', k.log, format('%d', slot), id and entry(cum) .. id or entry(cum))
+  if id and k.idold < 0 then k.idold = slot end
+  compact_ids(k)
   book_coarse(k, slot, cost)
   local h = histories[k.meta]
   -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or
