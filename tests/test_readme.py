@@ -84,12 +84,15 @@ def test_ci_runs_the_readme_test_command_then_its_second_tier_then_the_oldest_de
     install, test = readme_test_commands(README.read_text())
     assert install == ["pip", "install", "-e", ".[test]"] and test == ["pytest"]
     commands = ci_commands(ROOT, tmp_path)
-    assert commands[:-1] == expected_ci(install, test, tmp_path)
-    python, *oldest_run = commands[-1]
-    assert python == f"{tmp_path}/throttle-client-oldest/bin/python"
-    # Both tiers of the layers that talk to the dependencies, on their oldest versions.
-    assert oldest_run[:6] == ["-m", "pytest", "-p", "no:cacheprovider", "-m", "slow or not slow"]
-    files = oldest_run[6:]
+    assert commands[:-2] == expected_ci(install, test, tmp_path)
+    # Both tiers of the layers that talk to the dependencies, on their oldest versions,
+    # each in a run of its own (the default tier, then -m slow), on the same files.
+    python = f"{tmp_path}/throttle-client-oldest/bin/python"
+    pytest = [python, "-m", "pytest", "-p", "no:cacheprovider"]
+    default, slow = commands[-2:]
+    assert default[:5] == pytest and slow[:7] == [*pytest, "-m", "slow"]
+    files = default[5:]
+    assert files == slow[7:]
     assert files and all((ROOT / name).is_file() for name in files), files
 
 
@@ -106,7 +109,7 @@ def test_ci_takes_the_test_command_from_the_readme(tmp_path: Path) -> None:
     (copy / "README.md").write_text(readme)
     install, test = readme_test_commands(readme)
     assert (install, test) == (["pip", "install", "-e", ".[test,bench]"], ["pytest", "-x", "-q"])
-    assert ci_commands(copy, tmp_path)[:-1] == expected_ci(install, test, tmp_path)
+    assert ci_commands(copy, tmp_path)[:-2] == expected_ci(install, test, tmp_path)
     # A README without a test command there: CI says so and runs nothing.
     for broken in ["&& pytest -x -q", "pytest -x -q"]:
         (copy / "README.md").write_text(readme.replace(broken, "", 1))
