@@ -57,6 +57,7 @@ from .redis_codec import as_text, card_key, pushback_key, redis_keys
 from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
 from .redis_script import Calls, Command, pipelined, script_flow
+from .redis_wire import WIRED, acall, call, wired
 from .repair import RepairNotice
 
 T = TypeVar("T")
@@ -204,6 +205,8 @@ class RedisBackend(Backend):
         runner = self._runner or self._connect()
         if step.name == "pipeline":
             return pipelined(runner, step.args).execute(raise_on_error=False)
+        if step.name in WIRED and wired(runner, self._owned):
+            return call(runner, step.name, step.args)
         return getattr(runner, step.name)(*step.args)
 
     @functools.cached_property
@@ -371,6 +374,8 @@ class AsyncRedisBackend(AsyncBackend):
             return await step.waker
         if step.name == "pipeline":
             return await pipelined(self._runner, step.args).execute(raise_on_error=False)
+        if step.name in WIRED and wired(self._runner, self._owned):
+            return await acall(self._runner, step.name, step.args)
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
