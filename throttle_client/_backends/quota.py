@@ -6,6 +6,7 @@ All in whole microseconds, as the limiter widened them by its margin.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -79,7 +80,7 @@ class Quota:
     max_concurrent: int = 0
     lease_ttl_us: int = 0
 
-    @property
+    @functools.cached_property  # (asked on every decision: the quota never changes)
     def horizon_us(self) -> int:
         """How long an entry, or a bounded rate's count, can still matter after its slot
         (at least the KEEP_IDS_US that keep_from keeps a log of only bounded rates)."""
