@@ -120,6 +120,8 @@ def decode_batch(
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message. A card's line is
     "1", or the card it replaced when that one said otherwise (``disagree`` hears it)."""
+    if len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ()):
+        return [decode(ops[0], reply, notice)]  # (a lone call: the common case)
     # Per operation, the items that go before it (its history) and after it (its cards).
     around = [(len(declared(op)), len(getattr(op, "cards", ()))) for op in ops]
     extra = sum(before + after for before, after in around)

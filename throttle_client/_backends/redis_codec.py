@@ -212,6 +212,8 @@ def encode_batch(
     spends ~2 µs on every argument of a command, several times what this costs.
     ``queued``: per operation, the seconds it waited in the queue (``encode``). The
     cards an acquire carries go after it, each an operation of the batch."""
+    if len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ()):
+        return encode(ops[0], int(queued[0] * 1_000_000) if queued else 0)  # (a lone call)
     waits = [int(q * 1_000_000) for q in queued] if queued else [0] * len(ops)
     items: list[tuple[tuple[bytes, ...], tuple[bytes | str, ...]]] = []
     for op, queued_us in zip(ops, waits, strict=True):
