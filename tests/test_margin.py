@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from throttle_client import Backend, ConfigurationError, Limiter, MemoryBackend, ThrottledClient
+from throttle_client import (
+    Backend,
+    ConfigurationError,
+    Limiter,
+    MemoryBackend,
+    RedisBackend,
+    ThrottledClient,
+)
 from throttle_client._acquiring import MAX_REBOOKS
 from throttle_client._pacing import WARM_UP
 from throttle_client._store_clock import StoreClock
-from throttle_client.testing import FakeClock
+from throttle_client.testing import FakeClock, RedisServer
 
 US = 1_000_000
 
@@ -341,3 +350,37 @@ def test_a_lead_never_outlasts_the_wait_allowed() -> None:
         limiter.acquire(key)  # (the round trip is learned)
     decisions = [limiter.acquire(f"idle-{n}", timeout=0.015) for n in range(5)]
     assert all(d.allowed for d in decisions)
+
+
+# Holds the server for about ``ARGV[1]`` ms: another client's slow script, a busy moment.
+BUSY = """
+local t0 = redis.call('TIME')
+repeat
+  local t = redis.call('TIME')
+until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1]) * 1000
+return 1
+"""
+
+
+def test_a_moment_the_store_was_busy_leads_no_call_after_it(own_redis: RedisServer) -> None:
+    """A call that waited behind another client's slow script (80 ms) had a long round
+    trip, but its answer came back as soon as the store decided: the calls after it,
+    the store idle again, are not booked a lead ahead (twice that round trip) as if the
+    store were far away, nor sleep to it."""
+    limiter = Limiter(RedisBackend(own_redis.url), rates=["1000/second"])
+    assert limiter.acquire("k").waited == 0  # (opens the connection, loads the script)
+    for _ in range(3):
+        assert limiter.acquire("k").waited == 0  # (the round trip of an idle store)
+    busy = redis.Redis.from_url(own_redis.url)
+    holding = threading.Thread(target=busy.eval, args=(BUSY, 0, 80))
+    holding.start()
+    time.sleep(0.02)  # (the slow script has begun)
+    started = time.monotonic()
+    behind = limiter.acquire("k")
+    assert time.monotonic() - started > 0.04  # it did wait behind the slow script
+    holding.join()
+    assert behind.waited == 0
+    after = [limiter.acquire("k") for _ in range(5)]
+    assert [d.waited for d in after] == [0] * 5, [d.waited for d in after]
+    busy.close()
+    limiter.backend.close()

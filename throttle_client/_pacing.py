@@ -33,7 +33,11 @@ class Pacing:
         self.injected = injected
         self.store = StoreClock(drift=drift)  # answers from the store
         self.host = StoreClock(drift=drift)  # answers from on_unavailable
-        self.rtt = 0.0  # the latest round trip to the store (seconds)
+        # How long the latest answer took to come back once the store had decided
+        # (seconds): its round trip, less any wait before the call went out (a queue
+        # behind busy connections), which says nothing of how late a slot due at the
+        # store's decision is read here.
+        self.rtt = 0.0
         self._warned = threading.Event()
 
     def cold(self) -> bool:
@@ -49,7 +53,10 @@ class Pacing:
         clock = self.store if from_store else self.host
         clock.observe(sent, now, store_now_us / US)
         if from_store and timed:
-            self.rtt = now - sent
+            # The store decided at store_now; the tightest bracket known says by when,
+            # at most, its answer was read here. (A call that queued behind the others
+            # had a longer round trip, not a later answer.)
+            self.rtt = max(0.0, min(now - sent, clock.late_by(store_now_us / US, now)))
         return clock
 
     def store_time_us(self, now: float) -> int:
