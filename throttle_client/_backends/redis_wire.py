@@ -39,10 +39,8 @@ def pack(command: str, args: Iterable[Any]) -> bytes:
     """``command`` and ``args`` (bytes, str or int) as one RESP array."""
     parts = [b""]
     for arg in args:
-        if isinstance(arg, str):
-            arg = arg.encode()
-        elif isinstance(arg, int):
-            arg = b"%d" % arg
+        if type(arg) is not bytes:  # (most are)
+            arg = arg.encode() if isinstance(arg, str) else b"%d" % arg
         parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     word = command.upper().encode()
     parts[0] = b"*%d\r\n$%d\r\n%s\r\n" % (len(parts), len(word), word)
