@@ -19,6 +19,7 @@ from tests.conftest import started
 from tests.handoff import handoff_seconds
 from tests.workers import sentinel_worker
 from throttle_client import Limiter, RedisBackend
+from throttle_client._backends.redis_script import Command
 from throttle_client.testing import RedisSentinelServers
 
 # The second tier (pytest -m slow): see pyproject.toml.
@@ -116,3 +117,32 @@ def test_master_killed_under_load_calls_resume_and_nothing_is_over_admitted(
     assert fullest <= LIMIT, fullest
     after = [s for s in slots if s > killed + RESUME_BOUND]
     assert len(after) >= LIMIT  # and the quota is used after the failover
+
+
+# A script that holds the server ~300 ms, then answers; one that answers at once.
+SLOW_SCRIPT = """
+local t0 = redis.call('TIME')
+repeat local t = redis.call('TIME') until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 300000
+return 'the slow reply'
+"""
+
+
+def test_a_timed_out_call_leaves_no_reply_for_the_next(
+    sentinel_servers: RedisSentinelServers,
+) -> None:
+    """A Sentinel's connection stays open when a read times out, its reply still on its
+    way: the backend's calls close it, so the next call on the pool reads its own reply,
+    never the one that timed out (another call's verdict)."""
+    sentinel = redis.sentinel.Sentinel(sentinel_servers.sentinel_addresses, socket_timeout=0.5)
+    user = sentinel.master_for(sentinel_servers.service, socket_timeout=0.2)
+    backend = RedisBackend(user)
+    runner = backend._runner
+    assert runner is not None
+    slow, fast = runner.script_load(SLOW_SCRIPT), runner.script_load("return ARGV[1]")
+    with pytest.raises(redis.exceptions.TimeoutError):
+        backend._perform(Command("evalsha", (slow, 0)))  # (the backend's own way to call)
+    assert backend._perform(Command("evalsha", (fast, 0, "fresh"))) == b"fresh"
+    backend.close()
+    user.close()
+    for one in sentinel.sentinels:
+        one.close()

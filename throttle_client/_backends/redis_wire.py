@@ -8,8 +8,9 @@ rest of the decision's Python. On a standalone client of the backend's own (buil
 a URL, or a copy of the user's: ``redis_clients``) the call is packed once, as RESP,
 and sent on a connection taken from the client's pool and given back: the same
 connections, settings (TLS, AUTH, RESP3, health checks, Sentinel's failover) and
-errors (the connection's own: it closes itself on a broken read or write), with none
-of the layer in between. redis-py's retries are off on those clients
+errors (the server's error replies as they are; a connection whose read or write failed
+in any other way is closed, as redis-py's command layer closes it), with none of the
+layer in between. redis-py's retries are off on those clients
 (``redis_clients.bounded``), so nothing of that layer is lost; a client of the user's
 (a subclass, a single connection, a pool we do not know) and a Cluster's go through
 redis-py as they are.
@@ -23,6 +24,7 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio
+from redis.exceptions import ResponseError
 
 # The commands that go this way: the script's calls (everything else is rare).
 WIRED = frozenset({"fcall", "evalsha"})
@@ -62,6 +64,14 @@ def call(client: Any, command: str, args: Iterable[Any]) -> Any:
     try:
         conn.send_packed_command([pack(command, args)])
         return conn.read_response()
+    except ResponseError:
+        raise  # the server's error reply: the connection is in step
+    except BaseException:
+        # Anything else may leave the reply on its way (a Sentinel's connection keeps
+        # itself open on a timed-out read; redis-py's command layer closes it): the
+        # next command on it would read this one's reply.
+        conn.disconnect()
+        raise
     finally:
         pool.release(conn)
 
@@ -74,5 +84,10 @@ async def acall(client: Any, command: str, args: Iterable[Any]) -> Any:
     try:
         await conn.send_packed_command([pack(command, args)])
         return await conn.read_response()
+    except ResponseError:
+        raise
+    except BaseException:
+        await conn.disconnect(nowait=True)  # (as call(): never a reply left on its way)
+        raise
     finally:
         await cast(Awaitable[None], pool.release(conn))
