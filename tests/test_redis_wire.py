@@ -12,7 +12,7 @@ import redis
 import redis.asyncio
 from redis import exceptions as rx
 
-from throttle_client import AsyncLimiter, AsyncRedisBackend, Limiter, RedisBackend
+from throttle_client import AsyncLimiter, AsyncRedisBackend, BackendError, Limiter, RedisBackend
 from throttle_client._backends import redis_wire
 
 
@@ -90,3 +90,22 @@ def test_an_async_backend_sends_its_decisions_on_the_wire(redis_url: str) -> Non
         await backend.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("reply", [b"ec19ee1d825109c4", b"", b"1 2"])
+def test_an_answer_of_the_wrong_shape_is_a_backend_error(
+    redis_url: str, reply: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that is not a decision's (another command's, read out of step) fails the
+    call as the store's error, naming what came, never as a ValueError from parsing."""
+    backend = RedisBackend(redis_url)
+    limiter = Limiter(backend, rates=["3/minute"])
+    assert limiter.try_acquire("k").allowed
+    runner: Any = backend._runner
+    connection = runner.connection_pool.connection_class
+    monkeypatch.setattr(connection, "read_response", lambda *a, **k: reply)
+    with pytest.raises(BackendError, match="Redis answered"):
+        limiter.try_acquire("k")
+    monkeypatch.undo()
+    assert limiter.try_acquire("k").allowed
+    backend.close()

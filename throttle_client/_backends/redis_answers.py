@@ -120,13 +120,13 @@ def decode_batch(
     """Per operation, its answer or the exception to raise: the script answers a batch with
     one line per operation, an error as "!" and the server's message. A card's line is
     "1", or the card it replaced when that one said otherwise (``disagree`` hears it)."""
+    if not ops:  # (a call that opened a connection: "")
+        return []
     if len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ()):
-        return [decode(ops[0], reply, notice)]  # (a lone call: the common case)
+        return [_read(ops[0], reply, notice)]  # (a lone call: the common case)
     # Per operation, the items that go before it (its history) and after it (its cards).
     around = [(len(declared(op)), len(getattr(op, "cards", ()))) for op in ops]
     extra = sum(before + after for before, after in around)
-    if len(ops) <= 1 and not extra:  # (none: a call that opened a connection: "")
-        return [decode(ops[0], reply, notice)] if ops else []
     lines = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
     if len(lines) != len(ops) + extra:
         raise BackendError(f"Redis answered {len(lines)} lines for {len(ops) + extra} items")
@@ -149,10 +149,18 @@ def decode_batch(
             outcomes.append(_raised(translate(error), error))
             continue
         try:
-            outcomes.append(decode(op, line, notice))
-        except Exception as exc:  # (an answer this version cannot read: its own error)
-            outcomes.append(_raised(BackendError(f"Redis answered {line!r}: {exc}"), exc))
+            outcomes.append(_read(op, line, notice))
+        except BackendError as exc:
+            outcomes.append(exc)
     return outcomes
+
+
+def _read(op: Op[Any], line: Any, notice: RepairNotice) -> Any:
+    """``decode``, an answer this version cannot read raised as a BackendError."""
+    try:
+        return decode(op, line, notice)
+    except Exception as exc:
+        raise _raised(BackendError(f"Redis answered {line!r}: {exc}"), exc) from exc
 
 
 def _raised(error: BackendError, cause: BaseException) -> BackendError:
