@@ -13,6 +13,7 @@ closed (``Releasing``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,13 +88,18 @@ class Plan(Generic[L]):
     key: str
     cost: int
     also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
-    label: str  # what logs may say about the key: a host, or a digest of the token
+    host: str  # the request's
     # "GET host" and the matched route's path, for logs, events and metrics: never the
     # request's own path, which may carry a secret (a webhook's, a bot's token) or an id
     # per call, nor its query, which may carry a token.
     route: str
     retryable: bool
     timeout: float | None  # the longest wait for a slot, each attempt's (None: no limit)
+
+    @functools.cached_property  # (only a log line asks: most requests never do)
+    def label(self) -> str:
+        """What logs may say about the key: the host, or a digest of the token."""
+        return key_label(self.key, self.host, self.limiter.label)
 
 
 @dataclass
@@ -173,15 +179,16 @@ class TransportCore(Generic[L]):
             )
         key = self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
-        route_name = f"{request.method} {request.url.host}{route.path if route else ''}"
-        if self.key is request_key and key == request.url.host:
+        host = request.url.host
+        route_name = f"{request.method} {host}{route.path if route else ''}"
+        if self.key is request_key and key == host:
             self.warn_missed_credentials(request, route_name)
         return Plan(
             limiter=limiter,
             key=key,
             cost=cost,
             also=tuple(also_for(spec, request, cost) for spec in also),
-            label=key_label(key, request, limiter.label),
+            host=host,
             route=route_name,
             retryable=request.method in self.retry.methods
             # A streamed body cannot be sent twice.

@@ -94,9 +94,10 @@ def credential_names(request: httpx.Request) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def key_label(key: str, request: httpx.Request, label: Callable[[str], str]) -> str:
-    """What a log line may say about ``key``: the host itself, or ``key#`` and the key's
-    label (``Limiter.label``: as events and metrics show it) for a token."""
-    if key == request.url.host:
+def key_label(key: str, host: str, label: Callable[[str], str]) -> str:
+    """What a log line may say about ``key`` of a request to ``host``: the host itself, or
+    ``key#`` and the key's label (``Limiter.label``: as events and metrics show it) for a
+    token."""
+    if key == host:
         return key
     return "key#" + label(key)
