@@ -363,24 +363,23 @@ return 1
 
 
 def test_a_moment_the_store_was_busy_leads_no_call_after_it(own_redis: RedisServer) -> None:
-    """A call that waited behind another client's slow script (80 ms) had a long round
+    """A call that waited behind another client's slow script (~150 ms) had a long round
     trip, but its answer came back as soon as the store decided: the calls after it,
-    the store idle again, are not booked a lead ahead (twice that round trip) as if the
-    store were far away, nor sleep to it."""
+    the store idle again, are not booked a lead ahead (twice that round trip, ~0.3 s) as
+    if the store were far away, nor sleep to it. (Judged by the total they slept, which
+    a busy machine's scheduling alone keeps to a few ms.)"""
     limiter = Limiter(RedisBackend(own_redis.url), rates=["1000/second"])
-    assert limiter.acquire("k").waited == 0  # (opens the connection, loads the script)
-    for _ in range(3):
-        assert limiter.acquire("k").waited == 0  # (the round trip of an idle store)
+    for _ in range(4):  # (the first opens the connection and loads the script)
+        limiter.acquire("k")
     busy = redis.Redis.from_url(own_redis.url)
-    holding = threading.Thread(target=busy.eval, args=(BUSY, 0, 80))
+    holding = threading.Thread(target=busy.eval, args=(BUSY, 0, 200))
     holding.start()
-    time.sleep(0.02)  # (the slow script has begun)
+    time.sleep(0.05)  # (the slow script has begun)
     started = time.monotonic()
     behind = limiter.acquire("k")
-    assert time.monotonic() - started > 0.04  # it did wait behind the slow script
+    assert time.monotonic() - started > 0.05  # it did wait behind the slow script
     holding.join()
-    assert behind.waited == 0
-    after = [limiter.acquire("k") for _ in range(5)]
-    assert [d.waited for d in after] == [0] * 5, [d.waited for d in after]
+    after = [behind.waited] + [limiter.acquire("k").waited for _ in range(5)]
+    assert sum(after) < 0.05, after
     busy.close()
     limiter.backend.close()
