@@ -30,7 +30,7 @@ from throttle_client import (
     ThrottledClient,
 )
 from throttle_client._acquiring import MAX_REBOOKS
-from throttle_client._pacing import WARM_UP
+from throttle_client._pacing import WARM_UP, Pacing
 from throttle_client._store_clock import StoreClock
 from throttle_client.testing import FakeClock, RedisServer
 
@@ -383,3 +383,28 @@ def test_a_moment_the_store_was_busy_leads_no_call_after_it(own_redis: RedisServ
     assert sum(after) < 0.05, after
     busy.close()
     limiter.backend.close()
+
+
+def test_a_store_clock_that_steps_ahead_keeps_the_lead_of_a_distant_store() -> None:
+    """A store 40 ms away (on the way back) whose clock steps 35 ms ahead, less than a
+    round trip (or a failover to a node that far ahead): the step is within what the
+    clock's bracket allows, so it is not taken for a new clock, and the bracket would
+    take the step off the answer's way back. The lead a call asks for still follows the
+    round trips measured: 40 ms, past the margin's quarter, so calls keep booking ahead."""
+    pacing = Pacing(injected=False)
+    offset, out, back = 1000.0, 0.0001, 0.040
+    t = 10.0
+
+    def answer(step: float, timed: bool = True) -> None:
+        nonlocal t
+        decided = t + out
+        pacing.observe(True, t, decided + back, round((decided + offset + step) * US), timed)
+        t = decided + back + 0.2
+
+    answer(0.0, timed=False)  # (a cold answer)
+    for _ in range(10):
+        answer(0.0)
+    assert 0.040 <= pacing.rtt < 0.041
+    for _ in range(300):  # a minute of answers after the step
+        answer(0.035)
+        assert pacing.rtt >= 0.040

@@ -8,6 +8,7 @@ and judges how late a call that woke is, as the upstream would see its arrival.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
@@ -21,6 +22,10 @@ log = logging.getLogger("throttle_client")
 # Answers after which a store whose time is still known less precisely than the margin
 # is taken to be that far for good (see Pacing.late_by).
 WARM_UP = 8
+
+# Round trips whose shortest bounds how fast an answer comes back (Pacing.observe): a
+# busy moment, or a queue, is rarely as long as this many calls in a row.
+TRIPS = 32
 
 
 class Pacing:
@@ -38,6 +43,9 @@ class Pacing:
         # behind busy connections), which says nothing of how late a slot due at the
         # store's decision is read here.
         self.rtt = 0.0
+        # The latest round trips, whole: the shortest of them is the least an answer
+        # may take (see observe).
+        self._trips: collections.deque[float] = collections.deque(maxlen=TRIPS)
         self._warned = threading.Event()
 
     def cold(self) -> bool:
@@ -55,8 +63,13 @@ class Pacing:
         if from_store and timed:
             # The store decided at store_now; the tightest bracket known says by when,
             # at most, its answer was read here. (A call that queued behind the others
-            # had a longer round trip, not a later answer.)
-            self.rtt = max(0.0, min(now - sent, clock.late_by(store_now_us / US, now)))
+            # had a longer round trip, not a later answer.) Never less than the
+            # shortest recent round trip: a store clock that stepped ahead by less than
+            # a round trip (or a failover to one that far ahead) is not seen as a new
+            # clock, and the bracket would then take the step off the answer's way back.
+            trip = now - sent
+            self._trips.append(trip)
+            self.rtt = min(trip, max(clock.late_by(store_now_us / US, now), min(self._trips)))
         return clock
 
     def store_time_us(self, now: float) -> int:
