@@ -88,7 +88,7 @@ class Plan(Generic[L]):
     key: str
     cost: int
     also: tuple[tuple[L, str, int], ...]  # the other limiters it is charged to: key, cost
-    host: str  # the request's
+    host: str  # the request's host (and the key's, when it has no credentials)
     # "GET host" and the matched route's path, for logs, events and metrics: never the
     # request's own path, which may carry a secret (a webhook's, a bot's token) or an id
     # per call, nor its query, which may carry a token.
