@@ -42,27 +42,21 @@ class StoreClock:
         read at local ``received``."""
         self.answers += 1
         low, high = (store_now - received, received), (store_now - sent, sent)
-        known_low, known_high = self._low, self._high
-        if known_low is None or known_high is None:
-            self._low, self._high = low, high
-            self.answers = 1
-            return
-        # (low() and high() written out: every decision passes here.)
-        drift = self._drift
-        (low_offset, low_at), (high_offset, high_at) = known_low, known_high
         if (
+            self._low is None
+            or self._high is None
             # An answer outside what is known: the store's clock stepped, or another
             # clock answered (a failover, another Cluster node). What was known is wrong.
             # (Beyond ROUNDING: times are whole µs of the store and float seconds here.)
-            low[0] > high_offset + drift * abs(received - high_at) + ROUNDING
-            or high[0] < low_offset - drift * abs(sent - low_at) - ROUNDING
+            or low[0] > self.high(received) + ROUNDING
+            or high[0] < self.low(sent) - ROUNDING
         ):
             self._low, self._high = low, high
             self.answers = 1  # a new clock: its warm-up starts again
             return
-        if low[0] >= low_offset - drift * abs(received - low_at):
+        if low[0] >= self.low(received):
             self._low = low
-        if high[0] <= high_offset + drift * abs(sent - high_at):
+        if high[0] <= self.high(sent):
             self._high = high
 
     def low(self, now: float) -> float:
