@@ -12,7 +12,7 @@ from .._cards import Disagreements
 from .._errors import BackendError
 from .answers import Snapshot, Verdict
 from .ops import Acquire, AcquireAll, Fingerprint, Inspect, Op, Pause, ReadHistory, Renew
-from .redis_codec import as_text, declared
+from .redis_codec import alone, as_text, declared
 from .redis_errors import translate
 from .repair import RepairNotice
 
@@ -122,8 +122,8 @@ def decode_batch(
     "1", or the card it replaced when that one said otherwise (``disagree`` hears it)."""
     if not ops:  # (a call that opened a connection: "")
         return []
-    if len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ()):
-        return [_read(ops[0], reply, notice)]  # (a lone call: the common case)
+    if alone(ops):
+        return [_read(ops[0], reply, notice)]
     # Per operation, the items that go before it (its history) and after it (its cards).
     around = [(len(declared(op)), len(getattr(op, "cards", ()))) for op in ops]
     extra = sum(before + after for before, after in around)

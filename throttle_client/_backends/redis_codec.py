@@ -212,8 +212,8 @@ def encode_batch(
     spends ~2 µs on every argument of a command, several times what this costs.
     ``queued``: per operation, the seconds it waited in the queue (``encode``). The
     cards an acquire carries go after it, each an operation of the batch."""
-    if len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ()):
-        return encode(ops[0], int(queued[0] * 1_000_000) if queued else 0)  # (a lone call)
+    if alone(ops):
+        return encode(ops[0], int(queued[0] * 1_000_000) if queued else 0)
     waits = [int(q * 1_000_000) for q in queued] if queued else [0] * len(ops)
     items: list[tuple[tuple[bytes, ...], tuple[bytes | str, ...]]] = []
     for op, queued_us in zip(ops, waits, strict=True):
@@ -240,6 +240,13 @@ def encode_batch(
 @functools.lru_cache(maxsize=4096)
 def _packed(args: tuple[bytes | str, ...]) -> bytes:
     return b"".join(_bin(a.encode()) if isinstance(a, str) else _bin(a) for a in args)
+
+
+def alone(ops: list[Op[Any]]) -> bool:
+    """Whether a call carries one operation and nothing beside it (no history declared
+    before it, no card after it): the common case, sent and answered as it is, not as
+    a batch."""
+    return len(ops) == 1 and not declared(ops[0]) and not getattr(ops[0], "cards", ())
 
 
 def declared(op: Op[Any]) -> tuple[HistorySpec, ...]:
