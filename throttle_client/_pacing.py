@@ -8,7 +8,6 @@ and judges how late a call that woke is, as the upstream would see its arrival.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import threading
@@ -44,8 +43,9 @@ class Pacing:
         # store's decision is read here.
         self.rtt = 0.0
         # The latest round trips, whole: the shortest of them is the least an answer
-        # may take (see observe).
-        self._trips: collections.deque[float] = collections.deque(maxlen=TRIPS)
+        # may take (see observe). A tuple, replaced whole as the other fields are: a
+        # thread that reads it never sees it change under it.
+        self._trips: tuple[float, ...] = ()
         self._warned = threading.Event()
 
     def cold(self) -> bool:
@@ -68,8 +68,8 @@ class Pacing:
             # a round trip (or a failover to one that far ahead) is not seen as a new
             # clock, and the bracket would then take the step off the answer's way back.
             trip = now - sent
-            self._trips.append(trip)
-            self.rtt = min(trip, max(clock.late_by(store_now_us / US, now), min(self._trips)))
+            trips = self._trips = (*self._trips[1 - TRIPS :], trip)
+            self.rtt = min(trip, max(clock.late_by(store_now_us / US, now), min(trips)))
         return clock
 
     def store_time_us(self, now: float) -> int:
