@@ -1,4 +1,4 @@
-"""Limits learned from the upstream, across a fleet of processes (issue 11 §2).
+"""Limits learned from the upstream, across a fleet of processes (docs/design.md §1).
 
 Worker processes send requests as fast as their limiter lets them, through
 ``ThrottledClient`` on limiters that share one Redis store, to ``QuotaUpstream``: a
@@ -14,7 +14,12 @@ what the headers say can keep the fleet from 429s:
 Held in both: no 429 reaches the fleet once it has had its first answer (before any
 answer it knows nothing of the upstream). Counted: the fleet's requests answered 429
 that *arrived* at the upstream after the earliest moment any worker had read a
-response. And the quota is used: in the full windows of the run in which the limiter held
+response, except those refused in a window whose units the outside client spent after
+the fleet's last admitted request in it: the fleet's newest word on the window is that
+request's answer, and no client can foresee what was spent since. (It happens when the
+fleet's own rates hold it back while the outside client takes the window's last units:
+the fleet then spends what the answer said was left, and finds it gone.) And the quota
+is used: in the full windows of the run in which the limiter held
 some worker back (a wait for a slot of over 0.2 s), the requests admitted (fleet and
 outside client together) are at least 90 % of the upstream's limit times their number. A
 window in which no worker waited was bounded by what the machine could send, not by the
@@ -26,6 +31,7 @@ Real time, real processes, real sockets.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import threading
 import time
@@ -36,7 +42,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.quota_upstream import QuotaUpstream
+from tests.quota_upstream import Arrival, QuotaUpstream
 from tests.workers import start_together
 from throttle_client import Event, Limiter, Rate, RedisBackend, RetryPolicy, ThrottledClient
 
@@ -142,7 +148,9 @@ class OutsideClient:
     was just told was free, and get the fleet a 429 that nothing on the client side can
     foresee (the fleet learns only from answers). The fleet (~1000 requests/s) reaches a
     window's limit about half-way through it, so an outside client still spending then
-    did get it a few 429s (measured: 1 and 8, in 2 of 9 runs spending over two thirds)."""
+    did get it a few 429s (measured: 1 and 8, in 2 of 9 runs spending over two thirds).
+    It still wins them when the fleet's own rates hold it back before the window fills
+    (a busy machine, a fleet slow to start): those 429s are excused (``_raced``)."""
 
     SPEND = 1 / 4  # of each window
 
@@ -196,6 +204,20 @@ def run_fleet(url: str, kind: str, upstream: QuotaUpstream, configured: Rate) ->
     return reports
 
 
+def _raced(upstream: QuotaUpstream, arrivals: list[Arrival], refused: Arrival) -> bool:
+    """Whether the outside client was admitted in ``refused``'s window after the
+    fleet's last admitted request in it (before ``refused``)."""
+    window = upstream.window_of(refused.at)
+    before = [
+        a
+        for a in arrivals
+        if a.at < refused.at and a.status == 200 and upstream.window_of(a.at) == window
+    ]
+    fleet = [a.at for a in before if a.client.startswith("fleet-")]
+    told = max(fleet, default=-math.inf)
+    return any(a.client == "outside" and a.at > told for a in before)
+
+
 def judge(
     scenario: str, upstream: QuotaUpstream, reports: list[Report]
 ) -> tuple[int, float | None]:
@@ -209,6 +231,11 @@ def judge(
     # counts against the limiter when its request *arrived* at the upstream after that.
     first_answer = min(r.first_answer for r in reports if r.first_answer is not None)
     late_429s = [a for a in fleet if a.status == 429 and a.at > first_answer]
+    # Excused: a 429 in a window whose units the outside client spent after the fleet's
+    # last admitted request in it. The fleet's newest word on the window is that
+    # request's answer; what was spent since, no client can foresee.
+    raced = [a for a in late_429s if _raced(upstream, arrivals, a)]
+    late_429s = [a for a in late_429s if a not in raced]
     early_429s = [a for a in fleet if a.status == 429 and a.at <= first_answer]
     # Full windows: those wholly inside the run, from the fleet's first arrival to the
     # earliest worker's deadline (the fleet demanded more than the quota all along).
@@ -229,7 +256,8 @@ def judge(
     print(
         f"\n[{scenario}] {len(fleet)} fleet requests: "
         f"{sum(a.status == 200 for a in fleet)} admitted, "
-        f"{len(late_429s)} refused after the fleet's first answer, "
+        f"{len(late_429s)} refused after the fleet's first answer "
+        f"(and {len(raced)} after the outside client spent what the fleet was told of), "
         f"{len(early_429s)} before it; outside client: "
         f"{sum(a.status == 200 for a in outside)} admitted, "
         f"{sum(a.status == 429 for a in outside)} refused"
