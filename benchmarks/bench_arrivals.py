@@ -1,4 +1,4 @@
-"""Arrivals at a strict upstream against the limiter's margin (issue 8): how to pick it.
+"""Arrivals at a strict upstream against the limiter's margin: how to pick it.
 
 Runs the scenarios of tests/test_arrivals.py (8 processes; 200 threads on one Limiter;
 1000 tasks on one AsyncLimiter; one token, 20/second + 50/3 seconds, 20 ms apart,

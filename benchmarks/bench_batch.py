@@ -1,6 +1,6 @@
 """Concurrent decisions in one process: how many a second, over how many connections.
 
-Issue 13, item 4. Starts its own redis-server on a free loopback port (never a shared
+Starts its own redis-server on a free loopback port (never a shared
 one) and, in one process, drives ``acquire`` (admitted at once: 10**9 calls an hour,
 no gap) with
 

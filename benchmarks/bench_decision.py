@@ -7,9 +7,9 @@ CPU frequency, the log growing) hits every candidate alike:
   floor          a bare EVALSHA of ``return 1`` with one key: one round trip, nothing more
   tc try_acquire throttle_client ``Limiter.try_acquire``, admitted (10**9/hour)
   tc history     the same with ``history=True``: what counting each call per hour, day
-                 and month (opt-in, issue 12) costs is the difference
+                 and month (opt-in) costs is the difference
   tc 2 rates+gap ``try_acquire`` held to 10**9/hour and 10**9/second and a 1 µs gap:
-                 issue 13's decision (the second's window reaches past the oldest entry,
+                 the lean core's decision (the second's window reaches past the oldest entry,
                  so one lookup per call)
   tc refused     ``try_acquire`` on a spent key (1/hour): the refusal path
   tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
@@ -19,9 +19,9 @@ CPU frequency, the log growing) hits every candidate alike:
                  full: admission (rates and cap in one script call) and release, two
                  round trips, timed together
   tc calendar    ``try_acquire`` on a sliding hourly rate and a calendar day in
-                 America/Los_Angeles (issue 11): the windows travel with the quota
+                 America/Los_Angeles: the windows travel with the quota
   tc learn       ``Limiter.learn`` of quota headers stricter than the rates: the write a
-                 response costs when the upstream's view binds (issue 11)
+                 response costs when the upstream's view binds
   limits         limits' ``MovingWindowRateLimiter.hit`` over its ``RedisStorage``
   limits fixed   limits' ``FixedWindowRateLimiter.hit`` (windows aligned to the epoch, not
                  to a calendar in a zone: the nearest a peer comes to a calendar day)
@@ -249,7 +249,7 @@ def run_phase(
 
 
 def beside_the_key(url: str) -> dict[str, int]:
-    """Bytes (MEMORY USAGE) of what the store keeps beside a key (issue 12): its card,
+    """Bytes (MEMORY USAGE) of what the store keeps beside a key: its card,
     and its usage history once full (a call an hour for 62 days: 48 hours, 62 days and 3
     months of counters; 24 months would add 21 small fields)."""
     from throttle_client import Limiter, RedisBackend

@@ -1,6 +1,6 @@
 """Many tokens at 5000/hour: Redis memory, decisions per second and p99, beside two peers.
 
-Issue 13, item 5 (the baseline measurement, no library change). Starts its own
+The baseline measurement. Starts its own
 redis-server on a free loopback port (never a shared one; ``--maxmemory 1536mb``, so a
 run that overshoots fails instead of swapping the machine) and, for each library in
 turn (FLUSHALL between them), runs two phases with worker processes (2 by default)

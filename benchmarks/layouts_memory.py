@@ -1,4 +1,4 @@
-"""Memory per logged call of sorted-set layouts a log could use (issue 13's plan).
+"""Memory per logged call of sorted-set layouts a log could use (the lean core's plan).
 
 Starts its own redis-server (``/usr/bin/redis-server`` on port 7555: pass another as
 the first argument) and prints ``MEMORY USAGE`` per call for 5000 entries per layout.
@@ -35,12 +35,12 @@ def main() -> None:
         time.sleep(0.5)
         r = redis.Redis(port=port)
         layouts = {
-            "before issue 13: s<cum> (score slot) and c<id> (score -cum)": lambda i: {
+            "the old layout: s<cum> (score slot) and c<id> (score -cum)": lambda i: {
                 f"s{i:015d}": T0 + i * 1000,
                 "c" + call_id(): -i,
             },
             "one member: the running total (score slot)": lambda i: {str(i): T0 + i * 1000},
-            "one member: the running total, 6 bytes (issue 13's layout)": lambda i: {
+            "one member: the running total, 6 bytes (today's layout)": lambda i: {
                 i.to_bytes(6, "big"): T0 + i * 1000
             },
             "one member: the call id (score slot)": lambda i: {call_id(): T0 + i * 1000},

@@ -1,8 +1,8 @@
 """Redis server time per admitted decision: our script beside the floors of its layout.
 
-Issue 13 asks for the server time of a decision (two rates and a gap) to be no more than
-limits' moving window, or for the floor of each layout tried to be recorded. This
-starts its own redis-server and measures, one candidate at a time, ``INFO
+docs/design.md §7 asks for the server time of a decision (two rates and a gap) to be no
+more than limits' moving window, or for the floor of each layout tried to be recorded.
+This starts its own redis-server and measures, one candidate at a time, ``INFO
 commandstats``' time per call of the script (which includes the commands it runs):
 
   bare EVALSHA        ``return 1``: what any script costs
@@ -11,7 +11,7 @@ commandstats``' time per call of the script (which includes the commands it runs
                       member, SET (meta), msgpack in and out, and the reply; no decision
   floor, + id         the same, the ZADD adding the call id beside the entry
   floor, + lookup     the same, plus the one lookup a second, shorter rate costs
-  floor, batch of 8   issue 13's target 4, its floor: eight admissions of one key in one
+  floor, batch of 8   the batching target's floor: eight admissions of one key in one
                       script call (TIME, GET, EXISTS once; one ZADD of eight entries and
                       their ids; one SET; eight replies), per admission
   throttle_client     the real script (FCALL on Redis 7): 10**9/hour and 10**9/second

@@ -1,4 +1,4 @@
-"""One run of issue 8's arrival scenarios: many clients on one token, a strict upstream
+"""One run of the arrival scenarios: many clients on one token, a strict upstream
 that counts arrivals, and the slots the store handed out. Used by tests/test_arrivals.py
 and benchmarks/bench_arrivals.py (one copy of the harness for both).
 

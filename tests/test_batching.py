@@ -1,4 +1,4 @@
-"""Batched decisions (issue 13, item 4): the operations that queue while a backend's
+"""Batched decisions: the operations that queue while a backend's
 connections are busy go together, many in one script call, and answer exactly as
 they would have one by one.
 

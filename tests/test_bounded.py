@@ -1,4 +1,4 @@
-"""Bounded rates (issue 13): a key's memory bounded whatever the limit, never over it.
+"""Bounded rates: a key's memory bounded whatever the limit, never over it.
 
 The model comparison (tests/test_model.py) holds every store to the naive model with
 bounded rates among the random ones; here are the promises one by one, on every store.
@@ -214,7 +214,7 @@ def test_a_bounded_key_holds_under_2_kb_in_redis(
     redis_url: str, rate: Rate, seconds: float
 ) -> None:
     """3000 calls spread over more than one window (so trims run), on the limit of
-    issue 13's target: the key's log and meta stay under 2 KB all along."""
+    docs/design.md §7's target: the key's log and meta stay under 2 KB all along."""
     clock = FakeClock()
     with RedisBackend(redis_url) as backend:
         limiter = Limiter(backend, rates=[rate], clock=clock, sleep=clock.sleep)

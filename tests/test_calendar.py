@@ -1,4 +1,4 @@
-"""Calendar windows (issue 11 §1, the first piece): where the window holding a moment
+"""Calendar windows: where the window holding a moment
 begins and ends, in a time zone, across DST changes, month ends, leap days and anchors.
 (The stores do not count in them yet.)"""
 

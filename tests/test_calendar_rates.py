@@ -1,4 +1,4 @@
-"""Calendar rates (issue 11 §1): a limit per fixed window of the calendar in a time zone,
+"""Calendar rates: a limit per fixed window of the calendar in a time zone,
 counted by every store in the same atomic step as the sliding rates, the gap and the
 caps. The Hypothesis comparison with the model is in test_model.py (its machine draws
 calendar rates, starting near DST changes, month ends and a leap day); here: the

@@ -1,4 +1,4 @@
-"""A key's card (issue 12, part 2): its label and its limiters' rules, kept in the store
+"""A key's card: its label and its limiters' rules, kept in the store
 beside the key by the decisions on it, so that ``status``, ``top`` and metrics can show
 which key is which without the key."""
 

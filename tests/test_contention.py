@@ -1,4 +1,4 @@
-"""Contention (issue 2, docs/design.md §7): 8 processes on one key, in real time.
+"""Contention: 8 processes on one key, in real time.
 
 Half the processes are sync (one loop each), half asyncio (several loops each);
 they mix acquire() with long and short timeouts and try_acquire(), start together
@@ -193,7 +193,7 @@ def test_processes_share_one_key_exactly(
     demand = itertools.chain((cost for _, cost in admitted), itertools.repeat(1))
     best = best_schedule(demand, slots[0], widened, gap + margin)
     possible = sum(cost for _, cost in itertools.takewhile(lambda e: e[0] <= slots[-1], best))
-    # By slot, a late wake-up's slot counts as used: it stays booked, unused (issue 8).
+    # By slot, a late wake-up's slot counts as used: it stays booked, unused.
     used = prefix[-1] + sum(a.late * a.cost for r in reports for a in r.admitted)
     used += sum(r.late_units for r in reports)
     by_role = collections.Counter(

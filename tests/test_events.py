@@ -1,4 +1,4 @@
-"""Events (issue 12): what a limiter and its transports tell a listener.
+"""Events: what a limiter and its transports tell a listener.
 
 Each behaviour runs sync and async over ``World`` (tests/test_transport.py): a
 MemoryBackend and a FakeClock, so nothing really waits. The store's failures are real:

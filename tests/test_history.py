@@ -1,4 +1,4 @@
-"""Usage history (issue 12, part 3): calls and cost per hour, day and month, local to a
+"""Usage history: calls and cost per hour, day and month, local to a
 zone, counted by the store in the step that books each call, the newest periods kept."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Limits learned from the upstream's headers (issue 11 §2): reading every header shape,
+"""Limits learned from the upstream's headers: reading every header shape,
 holding a key to a stricter view on every store (sync and async), reporting a looser one,
 the newest report winning, and never failing a response when the store cannot keep it.
 The Hypothesis comparison with the model (test_model.py) draws learned limits too; the
@@ -432,7 +432,7 @@ def test_a_meta_written_by_an_older_version_reads_as_no_learned_limit(redis_url:
     limiter.acquire("t")
     _, meta = redis_keys(limiter.store_key("t"))
     client = redis.Redis.from_url(redis_url)
-    # Seven fields, as before issue 11: (tag, last, total, base, pause, first, exp).
+    # Seven fields, as before learned limits: (tag, last, total, base, pause, first, exp).
     client.eval(
         "local t = {cmsgpack.unpack(redis.call('GET', KEYS[1]))}"
         " redis.call('SET', KEYS[1], cmsgpack.pack(t[1], t[2], t[3], t[4], t[5], t[6], t[7]))",

@@ -1,4 +1,4 @@
-"""Concurrency caps (issue 10 §1): leases held from admission until a call ends.
+"""Concurrency caps: leases held from admission until a call ends.
 
 Every store (memory, SQLite, Redis, Cluster) against the plain reference model of
 ``tests/model.py`` (``CapModel``): the same answers on random sequences of capped

@@ -1,4 +1,4 @@
-"""Metrics (issue 12): Prometheus, scraped over HTTP from a real /metrics endpoint, and
+"""Metrics: Prometheus, scraped over HTTP from a real /metrics endpoint, and
 OpenTelemetry, read with the SDK's in-memory reader; both built on a limiter's events,
 with keys as their labels and bounded cardinality. Also the key label itself, shared by
 events, metrics and the transports' logs, and a transport's listeners."""

@@ -59,7 +59,7 @@ def _local(zone: str, *wall: int) -> int:
     return round(datetime(*wall, tzinfo=ZoneInfo(zone)).timestamp()) * US  # type: ignore[misc]
 
 
-# Calendar rates (issue 11): where the clock starts, just before a boundary that is not
+# Calendar rates: where the clock starts, just before a boundary that is not
 # plain: both DST changes of a year, a 30-minute change, month ends, a leap day, the
 # year's end; and the unit, zone and anchor day of the rate. The machine steps onto the
 # windows' edges with advance_to_calendar_edge.

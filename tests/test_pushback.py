@@ -1,4 +1,4 @@
-"""A key's pushback (issue 12, part 4): the reason of a pause a transport set, and the
+"""A key's pushback: the reason of a pause a transport set, and the
 429s of the last minute, kept in the store so that ``throttle-client top`` shows them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stacked limits (issue 10 §2, in progress): one call charged to several keys, each
+"""Stacked limits: one call charged to several keys, each
 under its own quota, all or nothing. Every store's AcquireAll (memory, SQLite, Redis,
 Cluster) against the naive model:
 same verdict and slot on random sequences that mix single-key calls, stacked calls and

@@ -1,4 +1,4 @@
-"""``throttle-client top`` (issue 12, part 4) and ``status`` reading keys' cards."""
+"""``throttle-client top`` and ``status`` reading keys' cards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Calendar windows: where the fixed window that holds a moment begins and ends (issue 11).
+"""Calendar windows: where the fixed window that holds a moment begins and ends.
 
 A calendar rate ("10000 per day, resetting at midnight in America/Los_Angeles", "a month
 from the 30th of each month") counts calls in fixed windows aligned to a calendar in a

@@ -1,5 +1,5 @@
 """A key's card: what the store keeps beside a key so that an operator can read it
-without the key (issue 12): its label, and the limiter's namespace and rules.
+without the key: its label, and the limiter's namespace and rules.
 
 Keys are hashed in the store, so ``throttle-client status`` and ``top`` cannot say which
 token is which, nor, for ``top``, what its limits are. Each limiter sends a key's card

@@ -280,7 +280,7 @@ def _says_spent(headers: httpx.Headers) -> bool:
 
 @dataclass(frozen=True)
 class QuotaView:
-    """What a response's headers say of the quota, spent or not (issue 11 §2):
+    """What a response's headers say of the quota, spent or not:
     ``remaining`` units until the reset, ``resets_in`` seconds from now, out of ``limit``
     (None when not said). ``header`` names the field it came from."""
 

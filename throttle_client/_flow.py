@@ -90,7 +90,7 @@ def refuse_in_event_loop(what: str) -> None:
 
 
 # Steps are NamedTuples: one is made for every store call, and a tuple is several times
-# cheaper to build than a frozen dataclass (a decision's Python time is what issue 13 cuts).
+# cheaper to build than a frozen dataclass (a decision's Python time counts).
 class Call(NamedTuple):
     """Run ``op`` on the store. Result: ``(answer, local time after)``. (Not generic: a
     generic NamedTuple needs Python 3.11.)"""

@@ -1,4 +1,4 @@
-"""Usage history as a user sees it (issue 12, part 3): what to keep (:class:`History`),
+"""Usage history as a user sees it: what to keep (:class:`History`),
 and what ``limiter.history(key)`` returns (:class:`UsageHistory`), read from the fields
 a store keeps (``_backends/history.py``)."""
 

@@ -1,4 +1,4 @@
-"""Metrics built on events (issue 12): one table of instruments, read the same way by the
+"""Metrics built on events: one table of instruments, read the same way by the
 Prometheus and the OpenTelemetry exporters (``prometheus``, ``otel``), which only say how
 an instrument is made and how a value is recorded in their world.
 

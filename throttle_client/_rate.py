@@ -27,7 +27,7 @@ _RATE_RE = re.compile(
     r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)"
     # A calendar window's zone and anchor, in either order.
     rf"(?:(?:{_ZONE.format(n=1)})?(?:{_FROM.format(n=1)})?|{_FROM.format(n=2)}{_ZONE.format(n=2)})"
-    # A bounded rate (issue 13): "..., bounded" or "... in 48 buckets".
+    # A bounded rate: "..., bounded" or "... in 48 buckets".
     r"(?:(?:\s*,\s*|\s+)(?P<bounded>bounded)|\s+in\s+(?P<buckets>\d+)\s+buckets?)?"
     r"\s*$",
     re.I | re.ASCII,

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics of what limiters do (issue 12), with the ``otel`` extra
+"""OpenTelemetry metrics of what limiters do, with the ``otel`` extra
 (``opentelemetry-api``; the application brings the SDK and its exporter)::
 
     from throttle_client.otel import instrument

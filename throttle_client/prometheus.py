@@ -1,4 +1,4 @@
-"""Prometheus metrics of what limiters do (issue 12), with the ``prometheus`` extra
+"""Prometheus metrics of what limiters do, with the ``prometheus`` extra
 (``prometheus_client``)::
 
     from throttle_client.prometheus import instrument

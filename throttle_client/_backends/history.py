@@ -1,4 +1,4 @@
-"""A key's usage history (issue 12, part 3): the calls admitted and the units they cost,
+"""A key's usage history: the calls admitted and the units they cost,
 per hour, day and month, counted by the store in the step that books each call.
 
 Periods are local to a zone (UTC, or a calendar rate's): the limiter sends the zone's
