@@ -139,7 +139,6 @@ class Batcher(Generic[S]):
 
     def flow(self, op: Op[T]) -> Generator[S | Wait, Any, T]:
         """``op``'s answer: sent now if a place is free, else with the next call."""
-        entry = _Entry(op, self._group(op))
         with self._lock:
             lead = opens = False
             if self.busy < self.size:
@@ -149,15 +148,13 @@ class Batcher(Generic[S]):
                 lead = not opens and not self.queue
                 if opens or lead:
                     self.busy += 1
-            if lead:
-                entry.state, entry.batch = _LEAD, [entry]
-            else:
+            if not lead:
+                entry = _Entry(op, self._group(op))
                 entry.waker, entry.opening = self._new_waker(), opens
                 entry.since = time.monotonic()
                 self.queue.append(entry)
         if lead:
-            yield from self._carry(entry.batch, entry)
-            return entry.answer()  # type: ignore[no-any-return]
+            return (yield from self._alone(op))
         try:
             if opens:  # the operation waits in the queue meanwhile, in its order
                 yield from self._open_place(entry)
@@ -168,6 +165,32 @@ class Batcher(Generic[S]):
         if entry.state == _LEAD:  # handed a place: it leads the next call
             yield from self._carry(entry.batch, entry, entry.ticket)
         return entry.answer()  # type: ignore[no-any-return]
+
+    def _alone(self, op: Op[T]) -> Generator[S, Any, T]:
+        """``op`` in a call of its own, from the place this flow took: as ``_carry``
+        carries a batch of one, without the batch (most calls overlap no other)."""
+        sent = time.monotonic()
+        failure: tuple[BaseException, float] | None = None
+        try:
+            answer = (yield from self._send([op], [0.0]))[0]  # (it queued for none)
+        except BackendUnavailable as exc:
+            failure = (exc.__cause__ or exc, time.monotonic() - sent)
+            answer = exc
+        except Exception as exc:
+            answer = exc
+        except BaseException:  # cancelled or interrupted in flight
+            with self._lock:
+                if self._opens:  # (redis-py drops a connection whose command is cut)
+                    self.warm = max(0, self.warm - 1)
+                self._pass_on()
+            raise
+        with self._lock:
+            batch = self._pass_on(failure, carry=True)
+        if batch:  # the queue's head is busy opening a place: this flow carries its call
+            yield from self._carry(batch, None)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[no-any-return]
 
     def _carry(
         self, batch: list[_Entry], own: _Entry | None, ticket: int | None = None
