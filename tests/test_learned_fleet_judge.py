@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.quota_upstream import Arrival, QuotaUpstream
 from tests.test_learned_fleet import _raced
 
@@ -12,30 +14,29 @@ def _upstream() -> QuotaUpstream:
     return upstream
 
 
-def test_a_429_after_the_outside_client_spent_what_the_fleet_was_told_of_is_excused() -> None:
-    arrivals = [
-        Arrival(3.10, "fleet-0", 200, 2),
-        Arrival(3.20, "outside", 200, 1),
-        Arrival(3.30, "outside", 200, 0),
-        Arrival(5.90, "fleet-1", 429, 0),
-    ]
-    assert _raced(_upstream(), arrivals, arrivals[-1])
-
-
-def test_a_429_after_the_fleet_had_the_last_word_counts() -> None:
-    arrivals = [
-        Arrival(3.10, "outside", 200, 2),
-        Arrival(3.20, "fleet-0", 200, 1),
-        Arrival(3.30, "fleet-1", 200, 0),
-        Arrival(3.40, "fleet-2", 429, 0),
-    ]
-    assert not _raced(_upstream(), arrivals, arrivals[-1])
-
-
-def test_the_outside_client_in_an_earlier_window_excuses_nothing() -> None:
-    arrivals = [
-        Arrival(2.90, "outside", 200, 0),
-        Arrival(3.10, "fleet-0", 200, 0),
-        Arrival(3.40, "fleet-2", 429, 0),
-    ]
-    assert not _raced(_upstream(), arrivals, arrivals[-1])
+@pytest.mark.parametrize(
+    ("arrivals", "excused"),
+    [
+        pytest.param(
+            [("fleet-0", 3.1, 200), ("outside", 3.2, 200), ("outside", 3.3, 200)],
+            True,
+            id="the outside client spent what the fleet was told of",
+        ),
+        pytest.param(
+            [("outside", 3.1, 200), ("fleet-0", 3.2, 200), ("fleet-1", 3.3, 200)],
+            False,
+            id="the fleet had the last word",
+        ),
+        pytest.param(
+            [("outside", 2.9, 200), ("fleet-0", 3.1, 200)],
+            False,
+            id="the outside client spent in an earlier window",
+        ),
+    ],
+)
+def test_a_429_is_excused_only_when_the_outside_client_spent_after_the_fleet_s_last_word(
+    arrivals: list[tuple[str, float, int]], excused: bool
+) -> None:
+    journal = [Arrival(at, client, status, 0) for client, at, status in arrivals]
+    refused = Arrival(5.9, "fleet-2", 429, 0)
+    assert _raced(_upstream(), [*journal, refused], refused) is excused
