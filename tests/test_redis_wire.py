@@ -107,40 +107,6 @@ def test_a_connection_the_server_closed_between_calls_is_opened_again(redis_url:
     client.close()
 
 
-def test_an_async_connection_the_server_closed_between_calls_is_opened_again(
-    redis_url: str,
-) -> None:
-    async def main() -> None:
-        client = redis.asyncio.Redis.from_url(redis_url)
-        wire = redis_wire.Wire(client)
-        seven = await client.script_load("return 7")
-        other = redis.Redis.from_url(redis_url)
-        for _ in range(3):
-            assert await wire.acall("evalsha", (seven, 0)) == 7
-            assert other.client_kill_filter(_type="normal", skipme=True) >= 1
-            await asyncio.sleep(0.05)  # (the loop reads the end of the stream)
-        assert await wire.acall("evalsha", (seven, 0)) == 7
-        other.close()
-        await client.aclose()
-
-    asyncio.run(main())
-
-
-def test_an_async_backend_keeps_one_connection_for_call_after_call(redis_url: str) -> None:
-    async def main() -> None:
-        backend = AsyncRedisBackend(redis_url)
-        limiter = AsyncLimiter(backend, rates=["1000/minute"])
-        server = redis.Redis.from_url(redis_url)
-        before = len(server.client_list())
-        for _ in range(20):
-            assert (await limiter.try_acquire("k")).allowed
-        assert len(server.client_list()) == before + 1
-        server.close()
-        await backend.aclose()
-
-    asyncio.run(main())
-
-
 def test_calls_from_many_threads_never_leave_the_pool_s_other_users_waiting(
     redis_url: str,
 ) -> None:

@@ -57,7 +57,7 @@ from .redis_codec import as_text, card_key, pushback_key, redis_keys
 from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
 from .redis_script import Calls, Command, pipelined, script_flow
-from .redis_wire import WIRED, Wire, wired
+from .redis_wire import WIRED, Wire, acall, wired
 from .repair import RepairNotice
 
 T = TypeVar("T")
@@ -209,9 +209,7 @@ class RedisBackend(Backend):
         if wire is not None:
             if step.name in WIRED:
                 return wire.call(step.name, step.args)
-            lent = wire.lend()
-            if lent is not None:
-                wire.pool.release(lent)
+            wire.lend()
         if step.name == "pipeline":
             return pipelined(runner, step.args).execute(raise_on_error=False)
         return getattr(runner, step.name)(*step.args)
@@ -377,22 +375,16 @@ class AsyncRedisBackend(AsyncBackend):
                 old_runner, self._runner = self._runner, self._remake()
                 if self.client is old_runner:
                     self.client = self._runner
-                self._wire = Wire(self._runner) if wired(self._runner, self._owned) else None
             self._batcher = self._new_batcher()
         self._loop = loop
 
     async def _perform(self, step: Command | Wait) -> Any:
         if isinstance(step, Wait):
             return await step.waker
-        wire = self._wire
-        if wire is not None:
-            if step.name in WIRED:
-                return await wire.acall(step.name, step.args)
-            lent = wire.lend()
-            if lent is not None:
-                await cast(Awaitable[None], wire.pool.release(lent))
         if step.name == "pipeline":
             return await pipelined(self._runner, step.args).execute(raise_on_error=False)
+        if step.name in WIRED and wired(self._runner, self._owned):
+            return await acall(self._runner, step.name, step.args)
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
@@ -429,8 +421,6 @@ class AsyncRedisBackend(AsyncBackend):
             await close()
             if isinstance(self._runner, redis.asyncio.Redis):
                 await self._runner.connection_pool.disconnect()
-        if self._wire is not None:
-            self._wire.close()
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"

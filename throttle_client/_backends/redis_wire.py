@@ -61,71 +61,77 @@ def wired(client: Any, owned: bool) -> bool:
 
 
 class Wire:
-    """The script's calls of one client that :func:`wired` allows (``call`` for a
-    ``redis.Redis``, ``acall`` for a ``redis.asyncio.Redis``), keeping one connection
-    between calls.
+    """The script's calls of one ``redis.Redis`` that :func:`wired` allows, keeping one
+    connection between calls.
 
-    Taking a connection from redis-py's pool and giving it back costs ~7 µs a call sync
-    and ~11 µs under asyncio (redis-py 8: its queue, a probe of the socket for unread
-    bytes, its metrics), a tenth of a decision. The connection a call used is kept here
-    for the next one instead; the pool is asked only when none is kept (calls at once).
+    Taking a connection from redis-py's pool and giving it back costs ~7 µs a call
+    (redis-py 8: its queue, a probe of the socket for unread bytes, its metrics), a
+    twentieth of a decision. The connection a call used is kept here for the next one
+    instead; the pool is asked only when none is kept (calls at once in other threads).
     One only, and never while a call waits for the pool: a connection kept here is one
     the pool cannot hand out, and its other users (the backend's other commands, a
     client's own) must never wait on the pool for it. The pool still makes, counts and
     bounds the connections, and closes them with itself: to it, the kept one is in use.
 
-    Before the kept connection is used, it is probed, as the pool probes one it hands
-    out: if the server closed it meanwhile (a restart, its idle timeout), it is opened
-    again, so the call is sent on a live one. A call answered with an error reply gives
-    its connection back to the pool, which the command that follows (a load of the
-    script) uses; one that failed in any other way gives it back closed (a Sentinel's
+    Before the kept connection is used, its socket is probed, as the pool probes one it
+    hands out: if the server closed it meanwhile (a restart, its idle timeout), it is
+    opened again, so the call is sent on a live one. A call answered with an error
+    reply gives its connection back to the pool, which the command that follows (a
+    load of the script) uses; one that failed in any other way gives it back closed (a
+    Sentinel's
     connection keeps itself open on a timed-out read, as redis-py's command layer would
     not: the next command on it would read this one's reply).
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.pool = client.connection_pool  # (what it takes from, and gives back to)
-        self._lock = threading.Lock()  # (never held across an await)
+        self._pool = client.connection_pool
+        self._lock = threading.Lock()
         self._kept: Any = None
         self._waiting = 0  # calls asking the pool for a connection
         _WIRES.add(self)
 
     def _take(self) -> Any:
-        """The kept connection, or None: the caller asks the pool, then calls
+        """The kept connection, probed, or None: the caller asks the pool, then calls
         _asked()."""
         with self._lock:
             conn, self._kept = self._kept, None
             if conn is None:
                 self._waiting += 1
+                return None
+        sock = conn._sock
+        if sock is not None:
+            probe = select.poll()
+            probe.register(sock, select.POLLIN)
+            if probe.poll(0):  # (every reply it was sent was read: EOF, or junk)
+                conn.disconnect()  # (and sending connects it again)
         return conn
 
     def _asked(self) -> None:
         with self._lock:
             self._waiting -= 1
 
-    def _keep(self, conn: Any) -> bool:
-        """Keep ``conn`` for the next call, unless one is kept or a call waits for the
-        pool: False, the caller gives it back."""
+    def _give_back(self, conn: Any) -> None:
+        """Keep ``conn`` for the next call, or give it back to the pool."""
         with self._lock:
             if self._kept is None and not self._waiting:
-                self._kept = conn
-                return True
-        return False
-
-    def lend(self) -> Any:
-        """The kept connection, no longer kept: the caller gives it back to the pool,
-        for a command that goes through redis-py (else the pool would open another
-        connection for it). None if none is kept."""
-        with self._lock:
-            conn, self._kept = self._kept, None
-        return conn
+                self._kept, conn = conn, None
+        if conn is not None:
+            self._pool.release(conn)
 
     def _forget(self) -> None:
         """In a forked child: the parent's socket is not this process's to use (the
         pool makes the child its own)."""
         self._lock = threading.Lock()
         self._kept, self._waiting = None, 0
+
+    def lend(self) -> None:
+        """Give the kept connection back to the pool, for a command that goes through
+        redis-py (else the pool would open another connection for it)."""
+        with self._lock:
+            conn, self._kept = self._kept, None
+        if conn is not None:
+            self._pool.release(conn)
 
     def close(self) -> None:
         """Forget the kept connection (the pool closes it, as its own in use)."""
@@ -135,71 +141,25 @@ class Wire:
     def call(self, command: str, args: Iterable[Any]) -> Any:
         """``command`` on a connection of the client's pool: its reply, or the error
         it is."""
-        pool = self.pool
         conn = self._take()
         if conn is None:
             try:
+                pool = self._pool
                 conn = pool.get_connection(command) if _NAMED else pool.get_connection()
             finally:
                 self._asked()
-        elif _closed(conn):
-            conn.disconnect()  # (and sending connects it again)
         try:
             conn.send_packed_command([pack(command, args)])
             reply = conn.read_response()
         except ResponseError:  # the server's error reply: the connection is in step,
-            pool.release(conn)  # and the pool's for what comes next (a load)
+            self._pool.release(conn)  # and the pool's for what comes next (a load)
             raise
         except BaseException:
             conn.disconnect()
-            pool.release(conn)
+            self._pool.release(conn)
             raise
-        if not self._keep(conn):
-            pool.release(conn)
+        self._give_back(conn)
         return reply
-
-    async def acall(self, command: str, args: Iterable[Any]) -> Any:
-        """As :meth:`call`, for a ``redis.asyncio`` client."""
-        pool = self.pool
-        conn = self._take()
-        if conn is None:
-            try:
-                get = pool.get_connection(command) if _NAMED else pool.get_connection()
-                conn = await cast(Awaitable[Any], get)
-            finally:
-                self._asked()
-        elif _closed_async(conn):
-            await conn.disconnect(nowait=True)
-        try:
-            await conn.send_packed_command([pack(command, args)])
-            reply = await conn.read_response()
-        except ResponseError:
-            await cast(Awaitable[None], pool.release(conn))
-            raise
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            await cast(Awaitable[None], pool.release(conn))
-            raise
-        if not self._keep(conn):
-            await cast(Awaitable[None], pool.release(conn))
-        return reply
-
-
-def _closed(conn: Any) -> bool:
-    """Whether the server closed ``conn`` (a sync connection) while it was kept: its
-    socket reads as ready, when every reply it was sent was read (EOF, or junk)."""
-    sock = getattr(conn, "_sock", None)
-    if sock is None:
-        return False
-    probe = select.poll()
-    probe.register(sock, select.POLLIN)
-    return bool(probe.poll(0))
-
-
-def _closed_async(conn: Any) -> bool:
-    """The same of an asyncio connection: its reader saw the end of the stream."""
-    reader = getattr(conn, "_reader", None)
-    return reader is not None and reader.at_eof()
 
 
 _WIRES: weakref.WeakSet[Wire] = weakref.WeakSet()
@@ -211,3 +171,21 @@ def _forget_all() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_all)
+
+
+async def acall(client: Any, command: str, args: Iterable[Any]) -> Any:
+    """``command`` on a connection of ``client``'s pool (a ``redis.asyncio.Redis`` that
+    :func:`wired` allows): its reply, or the error it is."""
+    pool = client.connection_pool
+    get = pool.get_connection(command) if _NAMED else pool.get_connection()
+    conn = await cast(Awaitable[Any], get)
+    try:
+        await conn.send_packed_command([pack(command, args)])
+        return await conn.read_response()
+    except ResponseError:
+        raise  # the server's error reply: the connection is in step
+    except BaseException:
+        await conn.disconnect(nowait=True)  # (as Wire.call: never a reply left on its way)
+        raise
+    finally:
+        await cast(Awaitable[None], pool.release(conn))
