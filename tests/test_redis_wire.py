@@ -5,8 +5,6 @@ the backend's own."""
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from typing import Any
 
 import pytest
@@ -71,76 +69,14 @@ def test_a_client_the_backend_uses_as_it_is_goes_through_redis_py(redis_url: str
 
 def test_an_error_reply_on_the_wire_is_redis_py_s_error(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    wire = redis_wire.Wire(client)
     with pytest.raises(rx.NoScriptError):
-        wire.call("evalsha", ("0" * 40, 0))
+        redis_wire.call(client, "evalsha", ("0" * 40, 0))
     failing = client.script_load("return redis.error_reply('no room here')")
     with pytest.raises(rx.ResponseError, match="no room here"):
-        wire.call("evalsha", (failing, 0))
-    assert wire.call("evalsha", (client.script_load("return 7"), 0)) == 7
+        redis_wire.call(client, "evalsha", (failing, 0))
+    assert redis_wire.call(client, "evalsha", (client.script_load("return 7"), 0)) == 7
     assert client.ping()  # (the connection an error reply came on is still in use)
     client.close()
-
-
-def test_one_connection_serves_call_after_call(redis_url: str) -> None:
-    backend = RedisBackend(redis_url)
-    limiter = Limiter(backend, rates=["1000/minute"])
-    for _ in range(20):
-        assert limiter.try_acquire("k").allowed
-    runner: Any = backend._runner
-    assert len(runner.connection_pool._connections) == 1
-    backend.close()
-
-
-def test_a_connection_the_server_closed_between_calls_is_opened_again(redis_url: str) -> None:
-    """The kept connection is probed before it is used, as the pool probes one it hands
-    out: the server closing it (a restart, its idle timeout) fails no call."""
-    client = redis.Redis.from_url(redis_url)
-    wire = redis_wire.Wire(client)
-    seven = client.script_load("return 7")
-    other = redis.Redis.from_url(redis_url)
-    for _ in range(3):
-        assert wire.call("evalsha", (seven, 0)) == 7
-        assert other.client_kill_filter(_type="normal", skipme=True) >= 1
-    assert wire.call("evalsha", (seven, 0)) == 7
-    other.close()
-    client.close()
-
-
-def test_calls_from_many_threads_never_leave_the_pool_s_other_users_waiting(
-    redis_url: str,
-) -> None:
-    """Threads at once take connections from the pool; when they are done, one is kept,
-    the others are the pool's again: a command of the client's own still gets one."""
-    backend = RedisBackend(redis_url)
-    limiter = Limiter(backend, rates=["100000/minute"])
-    runner: Any = backend._runner
-    barrier = threading.Barrier(8)
-
-    def decide() -> None:
-        barrier.wait(10)
-        for _ in range(200):
-            # (acquire: on a busy machine an answer may come back after its slot's
-            # margin, and try_acquire cannot wait for the new slot that books)
-            assert limiter.acquire("k").allowed
-
-    threads = [threading.Thread(target=decide) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert limiter.usage("k").rates[0].used >= 1600  # (and a late answer's slot)
-    pool = runner.connection_pool
-    assert len(pool._connections) <= pool.max_connections
-    # Every connection but the kept one waits in the pool: the client's own commands
-    # (here as many at once as the pool holds, less one) get them at once.
-    pool.timeout = 5  # (a failure, not a hang, if none is free)
-    named = ("PING",) if redis_wire._NAMED else ()  # (redis-py < 5.3 names the command)
-    held = [pool.get_connection(*named) for _ in range(pool.max_connections - 1)]
-    for conn in held:
-        pool.release(conn)
-    assert runner.ping()
-    backend.close()
 
 
 def test_an_async_backend_sends_its_decisions_on_the_wire(redis_url: str) -> None:
@@ -172,30 +108,4 @@ def test_an_answer_of_the_wrong_shape_is_a_backend_error(
         limiter.try_acquire("k")
     monkeypatch.undo()
     assert limiter.try_acquire("k").allowed
-    backend.close()
-
-
-def test_a_forked_child_opens_its_own_connection(redis_url: str) -> None:
-    """The kept connection is the parent's: a child deciding on the same backend at the
-    same time as its parent never sends on it (their replies would cross)."""
-    backend = RedisBackend(redis_url)
-    limiter = Limiter(backend, rates=["100000/minute"])
-    assert limiter.acquire("forked").allowed
-    assert backend._wire is not None and backend._wire._kept is not None
-    pid = os.fork()
-    if pid == 0:  # the child: its answers, or a failure, in its exit status
-        status = 1
-        try:
-            wire: Any = backend._wire
-            if wire._kept is not None:  # the parent's connection
-                status = 3
-            elif all(limiter.acquire("forked").allowed for _ in range(300)):
-                status = 0
-        finally:
-            os._exit(status)
-    parent = all(limiter.acquire("forked").allowed for _ in range(300))
-    _, status = os.waitpid(pid, 0)
-    assert parent
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert limiter.usage("forked").rates[0].used >= 601
     backend.close()

@@ -57,7 +57,7 @@ from .redis_codec import as_text, card_key, pushback_key, redis_keys
 from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
 from .redis_script import Calls, Command, pipelined, script_flow
-from .redis_wire import WIRED, Wire, acall, wired
+from .redis_wire import WIRED, acall, call, wired
 from .repair import RepairNotice
 
 T = TypeVar("T")
@@ -172,8 +172,6 @@ class RedisBackend(Backend):
             self._owned = False
         else:
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
-        # (A Cluster's runner, made at its first call, is never wired.)
-        self._wire = Wire(self._runner) if wired(self._runner, self._owned) else None
         self._repairs = RepairNotice()
         self._disagree = Disagreements()
         self._calls = Calls()
@@ -205,13 +203,10 @@ class RedisBackend(Backend):
             return step.waker.wait()
         # Connecting a Cluster URL's client may fail too: the flow translates it.
         runner = self._runner or self._connect()
-        wire = self._wire
-        if wire is not None:
-            if step.name in WIRED:
-                return wire.call(step.name, step.args)
-            wire.lend()
         if step.name == "pipeline":
             return pipelined(runner, step.args).execute(raise_on_error=False)
+        if step.name in WIRED and wired(runner, self._owned):
+            return call(runner, step.name, step.args)
         return getattr(runner, step.name)(*step.args)
 
     @functools.cached_property
@@ -227,8 +222,6 @@ class RedisBackend(Backend):
             runner.close()
             if isinstance(runner, redis.Redis):
                 runner.connection_pool.disconnect()  # a pool we gave it is not closed with it
-        if self._wire is not None:
-            self._wire.close()
 
     def _each(self, command: str, names: list[bytes]) -> list[Any]:
         """``command`` on each of ``names``, pipelined (a Cluster's pipeline sends each
@@ -328,8 +321,6 @@ class AsyncRedisBackend(AsyncBackend):
             raise TypeError(
                 f"AsyncRedisBackend needs a redis.asyncio client or a URL, not {client!r}"
             )
-        # (A Cluster's runner, made at its first call, is never wired.)
-        self._wire = Wire(self._runner) if wired(self._runner, self._owned) else None
         self._repairs = RepairNotice()
         self._disagree = Disagreements()
         self._calls = Calls()
