@@ -173,16 +173,10 @@ class Batcher(Generic[S]):
         failure: tuple[BaseException, float] | None = None
         try:
             answer = (yield from self._send([op], [0.0]))[0]  # (it queued for none)
-        except BackendUnavailable as exc:
-            failure = (exc.__cause__ or exc, time.monotonic() - sent)
-            answer = exc
         except Exception as exc:
-            answer = exc
+            answer, failure = exc, _failure(exc, sent)
         except BaseException:  # cancelled or interrupted in flight
-            with self._lock:
-                if self._opens:  # (redis-py drops a connection whose command is cut)
-                    self.warm = max(0, self.warm - 1)
-                self._pass_on()
+            self._cut([])
             raise
         with self._lock:
             batch = self._pass_on(failure, carry=True)
@@ -213,25 +207,27 @@ class Batcher(Generic[S]):
                 try:
                     outcomes = yield from self._send([e.op for e in batch], queued)
                 except Exception as exc:
-                    outcomes = [_copy(exc) for _ in batch]
-                    if isinstance(exc, BackendUnavailable):
-                        failure = (exc.__cause__ or exc, time.monotonic() - sent)
+                    outcomes, failure = [_copy(exc) for _ in batch], _failure(exc, sent)
                 for e, outcome in zip(batch, outcomes, strict=True):
                     e.outcome, e.state = outcome, _DONE
                     if e is not own:
                         self._wake(e.waker)
-            except BaseException:
-                # Cancelled or interrupted in flight (or before): the others go with the
-                # next call, under the same call ids, so that an operation the server did
-                # run is found, not run twice.
-                with self._lock:
-                    self._requeue([e for e in batch if e is not own])
-                    if self._opens:  # (redis-py drops a connection whose command is cut)
-                        self.warm = max(0, self.warm - 1)
-                    self._pass_on()
+            except BaseException:  # cancelled or interrupted in flight (or before)
+                self._cut([e for e in batch if e is not own])
                 raise
             with self._lock:
                 batch, own, ticket = self._pass_on(failure, carry=True), None, None
+
+    def _cut(self, others: list[_Entry]) -> None:
+        """A call cancelled or interrupted in flight (or before): ``others``, the
+        operations it carried for other flows, go with the next call, under the same
+        call ids, so that an operation the server did run is found, not run twice; the
+        place goes on."""
+        with self._lock:
+            self._requeue(others)
+            if self._opens:  # (redis-py drops a connection whose command is cut)
+                self.warm = max(0, self.warm - 1)
+            self._pass_on()
 
     def _open_place(self, entry: _Entry) -> Generator[S, Any, None]:
         """Open the connection of the place just taken (a call of no operation), then
@@ -359,6 +355,14 @@ class Batcher(Generic[S]):
                 self._requeue(entry.batch[1:])
                 self._pass_on()
             entry.state = _DONE
+
+
+def _failure(exc: Exception, sent: float) -> tuple[BaseException, float] | None:
+    """What a failed call sent at ``sent`` (time.monotonic()) tells the queue: when it
+    found the store unavailable, the cause and how long it waited on it; else None."""
+    if isinstance(exc, BackendUnavailable):
+        return exc.__cause__ or exc, time.monotonic() - sent
+    return None
 
 
 def _given_up(cause: BaseException, waited: float) -> GivenUp:
