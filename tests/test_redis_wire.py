@@ -5,6 +5,8 @@ the backend's own."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -70,11 +72,11 @@ def test_a_client_the_backend_uses_as_it_is_goes_through_redis_py(redis_url: str
 def test_an_error_reply_on_the_wire_is_redis_py_s_error(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     with pytest.raises(rx.NoScriptError):
-        redis_wire.call(client, "evalsha", ("0" * 40, 0))
+        redis_wire.Wire(client).call("evalsha", ("0" * 40, 0))
     failing = client.script_load("return redis.error_reply('no room here')")
     with pytest.raises(rx.ResponseError, match="no room here"):
-        redis_wire.call(client, "evalsha", (failing, 0))
-    assert redis_wire.call(client, "evalsha", (client.script_load("return 7"), 0)) == 7
+        redis_wire.Wire(client).call("evalsha", (failing, 0))
+    assert redis_wire.Wire(client).call("evalsha", (client.script_load("return 7"), 0)) == 7
     assert client.ping()  # (the connection an error reply came on is still in use)
     client.close()
 
@@ -109,3 +111,186 @@ def test_an_answer_of_the_wrong_shape_is_a_backend_error(
     monkeypatch.undo()
     assert limiter.try_acquire("k").allowed
     backend.close()
+
+
+def named_url(redis_url: str, name: str) -> str:
+    """``redis_url`` whose connections name themselves ``name`` (CLIENT SETNAME)."""
+    return f"{redis_url}{'&' if '?' in redis_url else '?'}client_name={name}"
+
+
+def connections(redis_url: str, name: str) -> int:
+    """How many connections the server has of that name."""
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for client in admin.client_list() if client.get("name") == name)
+    finally:
+        admin.close()
+
+
+def test_one_connection_serves_call_after_call(redis_url: str) -> None:
+    """The first call opens the Wire's connection (and loads the library on it); every
+    call after it goes on that one; the pool opens none, and close() closes it."""
+    backend = RedisBackend(named_url(redis_url, "wire-one"))
+    limiter = Limiter(backend, rates=["1000/minute"])
+    for _ in range(20):
+        assert limiter.try_acquire("k").allowed
+    assert connections(redis_url, "wire-one") == 1
+    runner: Any = backend._runner
+    assert [c for c in runner.connection_pool._connections if c is not None] == []
+    backend.close()
+    assert connections(redis_url, "wire-one") == 0
+
+
+def test_an_async_backend_uses_one_connection_too(redis_url: str) -> None:
+    async def main() -> None:
+        backend = AsyncRedisBackend(named_url(redis_url, "wire-async"))
+        limiter = AsyncLimiter(backend, rates=["1000/minute"])
+        for _ in range(20):
+            assert (await limiter.try_acquire("k")).allowed
+        assert connections(redis_url, "wire-async") == 1
+        await backend.aclose()
+        assert connections(redis_url, "wire-async") == 0
+
+    asyncio.run(main())
+
+
+def test_a_connection_the_server_closed_between_calls_is_opened_again(redis_url: str) -> None:
+    """The Wire's connection is probed before it is used, as the pool probes one it hands
+    out: the server closing it (a restart, its idle timeout) fails no call."""
+    client = redis.Redis.from_url(redis_url)
+    wire = redis_wire.Wire(client)
+    seven = client.script_load("return 7")
+    other = redis.Redis.from_url(redis_url)
+    for _ in range(3):
+        assert wire.call("evalsha", (seven, 0)) == 7
+        assert other.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert wire.call("evalsha", (seven, 0)) == 7
+    other.close()
+    client.close()
+
+
+def test_an_async_connection_the_server_closed_is_opened_again(redis_url: str) -> None:
+    async def main() -> None:
+        backend = AsyncRedisBackend(named_url(redis_url, "wire-killed"))
+        limiter = AsyncLimiter(backend, rates=["1000/minute"])
+        other = redis.Redis.from_url(redis_url)
+        for _ in range(3):
+            assert (await limiter.try_acquire("k")).allowed
+            assert other.client_kill_filter(_type="normal", skipme=True) >= 1
+            await asyncio.sleep(0.01)  # (the loop reads the end of the stream)
+        assert (await limiter.try_acquire("k")).allowed
+        other.close()
+        await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_pool_s_other_users_never_wait_for_the_wire(redis_url: str) -> None:
+    """The Wire's connection is its own, not one of the pool's: the client's users may
+    hold every connection of the pool (subscriptions, a WATCH), and decisions still go;
+    and after decisions from many threads at once, every connection the pool made waits
+    in it. The backend's calls open at most as many connections as the pool holds."""
+    backend = RedisBackend(named_url(redis_url, "wire-threads"))
+    limiter = Limiter(backend, rates=["100000/minute"])
+    runner: Any = backend._runner
+    pool = runner.connection_pool
+    pool.timeout = 5  # (a failure, not a hang, if none is free)
+    named = ("PING",) if redis_wire._NAMED else ()  # (redis-py < 5.3 names the command)
+    held = [pool.get_connection(*named) for _ in range(pool.max_connections)]
+    assert limiter.acquire("k").allowed
+    for conn in held:
+        pool.release(conn)
+    for conn in held:
+        conn.disconnect()
+    barrier = threading.Barrier(8)
+
+    def decide() -> None:
+        barrier.wait(10)
+        for _ in range(200):
+            # (acquire: on a busy machine an answer may come back after its slot's
+            # margin, and try_acquire cannot wait for the new slot that books)
+            assert limiter.acquire("k").allowed
+
+    threads = [threading.Thread(target=decide) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert limiter.usage("k").rates[0].used >= 1601
+    assert connections(redis_url, "wire-threads") <= pool.max_connections
+    held = [pool.get_connection(*named) for _ in range(pool.max_connections)]
+    for conn in held:
+        pool.release(conn)
+    backend.close()
+
+
+def test_a_resp3_client_s_calls_go_through_its_pool(redis_url: str) -> None:
+    """Where the pool does more than hand out connections (RESP3: maintenance
+    notifications, client-side caching), the Wire makes no connection of its own."""
+    backend = RedisBackend(named_url(redis_url, "wire-resp3") + "&protocol=3")
+    limiter = Limiter(backend, rates=["1000/minute"])
+    for _ in range(5):
+        assert limiter.try_acquire("k").allowed
+    runner: Any = backend._runner
+    made = [c for c in runner.connection_pool._connections if c is not None]
+    assert len(made) == 1 and connections(redis_url, "wire-resp3") == 1
+    backend.close()
+
+
+def test_a_forked_child_opens_its_own_connection(redis_url: str) -> None:
+    """The Wire's connection is the parent's: a child deciding on the same backend at
+    the same time as its parent never sends on it (their replies would cross)."""
+    backend = RedisBackend(redis_url)
+    limiter = Limiter(backend, rates=["100000/minute"])
+    assert limiter.acquire("forked").allowed
+    wire: Any = backend._wire
+    parents = list(wire._spare)
+    assert len(parents) == 1
+    pid = os.fork()
+    if pid == 0:  # the child: its answers, or a failure, in its exit status
+        status = 1
+        try:
+            if all(limiter.acquire("forked").allowed for _ in range(300)):
+                status = 3 if wire._spare == parents else 0
+        finally:
+            os._exit(status)
+    parent = all(limiter.acquire("forked").allowed for _ in range(300))
+    _, status = os.waitpid(pid, 0)
+    assert parent
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert limiter.usage("forked").rates[0].used >= 601
+    backend.close()
+
+
+def test_the_script_s_other_commands_answer_as_through_redis_py(redis_url: str) -> None:
+    """Loading the script again, and the store's eviction policy, sent on the wire alone
+    or pipelined, answer as redis-py's methods of those names answer; in a pipeline an
+    error reply is a value, as with ``raise_on_error=False``."""
+    client = redis.Redis.from_url(redis_url)
+    wire = redis_wire.Wire(client)
+    script = "return 5"
+    assert wire.call("script_load", (script,)) == client.script_load(script).encode()
+    assert wire.call("config_get", ("maxmemory*",)) == {
+        k.encode(): v.encode() for k, v in client.config_get("maxmemory*").items()
+    }
+    steps = (("config_get", ("maxmemory-policy",)), ("evalsha", ("0" * 40, 0)))
+    mine = wire.call("pipeline", steps)
+    pipe = client.pipeline(transaction=False)
+    pipe.config_get("maxmemory-policy")
+    pipe.evalsha("0" * 40, 0)
+    theirs = pipe.execute(raise_on_error=False)
+    assert mine[0] == {k.encode(): v.encode() for k, v in theirs[0].items()}
+    assert type(mine[1]) is type(theirs[1]) is rx.NoScriptError
+    library = "#!lua name=wiretest\nredis.register_function('wiretest', function() return 3 end)"
+    try:
+        loaded = wire.call("function_load", (library, True))
+    except rx.ResponseError:  # Redis 6.2 has no functions: refused alike by both
+        with pytest.raises(rx.ResponseError):
+            client.function_load(library, replace=True)
+    else:
+        assert loaded == b"wiretest"
+        assert client.function_load(library, replace=True) in ("wiretest", b"wiretest")
+        assert wire.call("fcall", ("wiretest", 0)) == 3
+        client.function_delete("wiretest")
+    assert wire.call("evalsha", (client.script_load(script), 0)) == 5  # (still in step)
+    client.close()

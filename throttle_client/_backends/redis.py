@@ -57,7 +57,7 @@ from .redis_codec import as_text, card_key, pushback_key, redis_keys
 from .redis_doorbell import RedisDoorbell, subscriber_clients
 from .redis_errors import DRIVER_ERRORS, translate
 from .redis_script import Calls, Command, pipelined, script_flow
-from .redis_wire import WIRED, acall, call, wired
+from .redis_wire import WIRED, Wire, wired
 from .repair import RepairNotice
 
 T = TypeVar("T")
@@ -172,6 +172,8 @@ class RedisBackend(Backend):
             self._owned = False
         else:
             raise TypeError(f"RedisBackend needs a redis-py client or a URL, not {client!r}")
+        # The script's commands' own way to the store (None: through redis-py).
+        self._wire = Wire(self._runner) if wired(self._runner, self._owned) else None
         self._repairs = RepairNotice()
         self._disagree = Disagreements()
         self._calls = Calls()
@@ -203,10 +205,10 @@ class RedisBackend(Backend):
             return step.waker.wait()
         # Connecting a Cluster URL's client may fail too: the flow translates it.
         runner = self._runner or self._connect()
+        if self._wire is not None and step.name in WIRED:
+            return self._wire.call(step.name, step.args)
         if step.name == "pipeline":
             return pipelined(runner, step.args).execute(raise_on_error=False)
-        if step.name in WIRED and wired(runner, self._owned):
-            return call(runner, step.name, step.args)
         return getattr(runner, step.name)(*step.args)
 
     @functools.cached_property
@@ -217,6 +219,9 @@ class RedisBackend(Backend):
         """Close the connections the backend opened (a client you passed stays open)."""
         if "doorbell" in self.__dict__:
             self.doorbell.close()
+        if self._wire is not None:
+            for conn in self._wire.close():
+                conn.disconnect()
         runner = self._runner
         if runner is not None and self._owned:
             runner.close()
@@ -325,9 +330,12 @@ class AsyncRedisBackend(AsyncBackend):
         self._disagree = Disagreements()
         self._calls = Calls()
         self._loop: asyncio.AbstractEventLoop | None = None  # the one its connections are of
+        self._wire: Wire | None = None
         self._batcher = self._new_batcher()
 
     def _new_batcher(self) -> Batcher[Command]:
+        """The batcher (and the Wire) of the runner as it is now: a new event loop's."""
+        self._wire = Wire(self._runner) if wired(self._runner, self._owned) else None
         return _batcher(
             self._runner,
             self._owned,
@@ -372,10 +380,10 @@ class AsyncRedisBackend(AsyncBackend):
     async def _perform(self, step: Command | Wait) -> Any:
         if isinstance(step, Wait):
             return await step.waker
+        if self._wire is not None and step.name in WIRED:
+            return await self._wire.acall(step.name, step.args)
         if step.name == "pipeline":
             return await pipelined(self._runner, step.args).execute(raise_on_error=False)
-        if step.name in WIRED and wired(self._runner, self._owned):
-            return await acall(self._runner, step.name, step.args)
         # (redis-py types the sync and async clients' methods as one, before 8.0)
         method = getattr(self._runner, step.name)
         return await cast(Awaitable[Any], method(*step.args))
@@ -406,6 +414,9 @@ class AsyncRedisBackend(AsyncBackend):
         """Close the connections the backend opened (a client you passed stays open)."""
         if "doorbell" in self.__dict__:
             self.doorbell.close()
+        if self._wire is not None:
+            for conn in self._wire.close():
+                await conn.disconnect()
         if self._owned:
             # redis-py 5.0.0, the oldest allowed, has close() only; aclose() came in 5.0.1.
             close = getattr(self._runner, "aclose", None) or self._runner.close
