@@ -294,3 +294,47 @@ def test_the_script_s_other_commands_answer_as_through_redis_py(redis_url: str) 
         client.function_delete("wiretest")
     assert wire.call("evalsha", (client.script_load(script), 0)) == 5  # (still in step)
     client.close()
+
+
+def speaking(redis_url: str, name: str) -> list[str]:
+    """The protocol (CLIENT LIST's ``resp``) of each connection of that name."""
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        return [str(c.get("resp")) for c in admin.client_list() if c.get("name") == name]
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize("given", ["url", "client"])
+def test_the_backend_speaks_resp2_unless_told_and_keeps_its_own_connection(
+    redis_url: str, given: str
+) -> None:
+    """redis-py 8 speaks RESP3 by default, whose pool also handles maintenance
+    notifications (a MOVING moves the pool's connections, never one beside it): the
+    backend's own clients speak RESP2 unless the URL or the client asks for RESP3, so the
+    Wire may keep its connection; one that asks is served through its pool."""
+    url = named_url(redis_url, f"wire-resp-{given}")
+    yours = redis.Redis.from_url(url)
+    backend = RedisBackend(url if given == "url" else yours)
+    limiter = Limiter(backend, rates=["1000/minute"])
+    for _ in range(5):
+        assert limiter.try_acquire("k").allowed
+    wire: Any = backend._wire
+    assert wire._own and len(wire._spare) == 1
+    assert speaking(redis_url, f"wire-resp-{given}") in (["2"], ["None"])  # (6.2: not said)
+    backend.close()
+    yours.close()
+
+
+def test_a_connection_given_back_after_close_is_disconnected() -> None:
+    """close() may run while a call is in flight, between any two of its steps: the
+    connection the call gives back afterwards is disconnected, never kept by a closed
+    Wire (which makes no other)."""
+    client = redis.Redis(protocol=2)  # (nothing is sent: its connections never open)
+    wire = redis_wire.Wire(client)
+    conn = wire._take()
+    assert conn is not None
+    assert wire.close() == []  # (the call still holds it)
+    assert wire._give(conn) == [conn]  # the caller disconnects it
+    assert wire._spare == [] and wire._take() is None
+    client.close()

@@ -69,6 +69,15 @@ def bounded(settings: Mapping[str, Any], *, asyncio: bool) -> dict[str, Any]:
     for key, ours in limits.items():
         theirs = options.get(key)
         options[key] = ours if theirs is None else min(theirs, ours)
+    # RESP2 unless RESP3 is asked for (redis-py 8 speaks RESP3 by default): the script's
+    # reply is one bulk string either way, and a RESP2 pool only hands out connections,
+    # so the backend may keep one of its own beside it (redis_wire).
+    # (redis-py 8's maintenance notifications, "auto" by default, are RESP3's: a client
+    # that turned them on explicitly keeps its RESP3.)
+    notified = getattr(options.get("maint_notifications_config"), "enabled", None) is True
+    if options.get("protocol") is None and not notified:
+        options["protocol"] = 2
+        options.pop("maint_notifications_config", None)
     # The limiter retries within the call's deadline; redis-py must not retry inside it.
     options["retry"] = (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
     options["retry_on_error"] = []

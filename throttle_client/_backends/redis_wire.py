@@ -20,11 +20,14 @@ They go on one connection the ``Wire`` keeps beside the pool while no other call
 it, and on one of the pool's while one does (calls at once). That connection is made
 as the pool makes its own, but is never the pool's: nothing else waits for it, and the
 pool's other users (the backend's reads, a client's own commands) keep every one of
-the pool's. At most as many calls are in flight as the pool has connections
-(``batching``), and one of them is on the Wire's, so the backend's calls still open at
-most that many. Where the pool does more than hand out connections it stays the only
-way: a Sentinel's (it follows the master through a failover), RESP3's (maintenance
-notifications, client-side caching) and a credential provider's (re-authentication).
+the pool's. At most as many script calls are in flight as the pool has connections
+(``batching``), and one of them is on the Wire's, so they still use at most that many;
+the pool's other users (reads for operators, ``backend.client``'s own commands) may
+meanwhile open the pool's last one: one connection more than before, at most. Where the
+pool does more than hand out connections it stays the only way: a Sentinel's (it
+follows the master through a failover), RESP3's (maintenance notifications, client-side
+caching; the backend's own clients speak RESP2 unless told otherwise:
+``redis_clients.bounded``) and a credential provider's (re-authentication).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def _requests(name: str, args: Sequence[Any]) -> tuple[list[bytes], list[str]]:
 
 
 def _shaped(name: str, reply: Any) -> Any:
-    """A reply as redis-py's method of that name gives it (CONFIG GET: a mapping)."""
+    """A reply in the shape redis-py's method of that name gives it (CONFIG GET: a
+    mapping), its text as it came (bytes, unless the client decodes responses)."""
     if name == "config_get" and type(reply) is list:
         return dict(zip(reply[::2], reply[1::2], strict=False))
     return reply
@@ -110,7 +114,8 @@ def _own_allowed(pool: Any) -> bool:
     return (
         type(pool) in _PLAIN_POOLS
         and getattr(pool, "cache", None) is None
-        and kwargs.get("protocol") in (None, 2, "2")
+        and kwargs.get("protocol") in (2, "2")  # (None: redis-py 8's default is RESP3)
+        and "maint_notifications_pool_handler" not in kwargs
         and kwargs.get("credential_provider") is None
     )
 
@@ -154,9 +159,9 @@ class Wire:
         pooled = conn is None
         if pooled:
             conn = self.pool.get_connection(names[0]) if _NAMED else self.pool.get_connection()
-        elif conn._sock is not None and _unread(conn._sock):
-            conn.disconnect()  # the server closed it meanwhile: sending opens it again
         try:
+            if not pooled and conn._sock is not None and _unread(conn._sock):
+                conn.disconnect()  # the server closed it meanwhile: sending opens it again
             conn.send_packed_command(packed)
             if name == "pipeline":  # (an error reply is one of its values)
                 reply: Any = [_shaped(step, _read(conn)) for step in names]
@@ -173,10 +178,9 @@ class Wire:
         finally:
             if pooled:
                 self.pool.release(conn)
-            elif self._closed:
-                conn.disconnect()
             else:
-                self._spare.append(conn)
+                for closed in self._give(conn):
+                    closed.disconnect()
         return reply
 
     async def acall(self, name: str, args: Sequence[Any]) -> Any:
@@ -187,9 +191,10 @@ class Wire:
         if pooled:
             get = self.pool.get_connection(names[0]) if _NAMED else self.pool.get_connection()
             conn = await cast(Awaitable[Any], get)
-        elif getattr(conn, "_reader", None) is not None and conn._reader.at_eof():
-            await conn.disconnect(nowait=True)  # the server closed it meanwhile
         try:
+            reader = None if pooled else getattr(conn, "_reader", None)
+            if reader is not None and reader.at_eof():
+                await conn.disconnect(nowait=True)  # the server closed it meanwhile
             await conn.send_packed_command(packed)
             if name == "pipeline":
                 reply: Any = [_shaped(step, await _aread(conn)) for step in names]
@@ -203,11 +208,17 @@ class Wire:
         finally:
             if pooled:
                 await cast(Awaitable[None], self.pool.release(conn))
-            elif self._closed:
-                await conn.disconnect(nowait=True)
             else:
-                self._spare.append(conn)
+                for closed in self._give(conn):
+                    await closed.disconnect(nowait=True)
         return reply
+
+    def _give(self, conn: Any) -> list[Any]:
+        """Keep ``conn`` for the next call; what is to be disconnected if the Wire was
+        closed meanwhile (close() may run between any two lines here: whichever sees the
+        connection in the list after the other's step disconnects it)."""
+        self._spare.append(conn)
+        return self.close() if self._closed else []
 
     def close(self) -> list[Any]:
         """Make no more connections; the one not in use, to be disconnected by the
