@@ -145,8 +145,10 @@ class Wire:
             return self._spare.pop()  # (atomic: one thread gets it)
         except IndexError:
             pass
+        if self._made or not self._own or self._closed:
+            return None  # (the common case when calls overlap: no lock taken for it)
         with self._lock:
-            if self._made or not self._own or self._closed:
+            if self._made or self._closed:  # (another thread made it meanwhile)
                 return None
             self._made = True
         return self.pool.connection_class(**self.pool.connection_kwargs)
