@@ -216,7 +216,9 @@ def test_demo_plot_draws_the_run_s_own_slots_and_arrivals(
     args = ["--duration", "3", "--workers", "2", "--tokens", "2", "--json", "--plot", str(path)]
     status = main(["demo", *args])
     summary = json.loads(capsys.readouterr().out)
-    assert status == 0, summary
+    # The picture is the point here, not the verdict: a stall of a busy machine longer
+    # than the margin can earn one 429, and the picture must show that run all the same.
+    assert summary["errors"] == [] and status == (summary["rejected"] > 0), summary
     assert path.read_bytes()[:8] == PNG
     (run,), (figure,) = runs, figures
     drawn = panels(figure)
