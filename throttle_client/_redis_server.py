@@ -219,7 +219,9 @@ class RedisClusterServers:
         return self
 
     def wait_until_ok(self, timeout: float = 30.0) -> None:
-        """Until every live node reports cluster_state:ok."""
+        """Until every live node reports cluster_state:ok and every replica has synced
+        with its primary. (A replica that never finished its first sync never takes
+        over: to Redis its data is too old to serve.)"""
         cli = find_binary("redis-cli")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -232,11 +234,18 @@ class RedisClusterServers:
                         [cli, "-p", str(node.port), "cluster", "info"],
                         capture_output=True, timeout=2, text=True,
                     ).stdout  # fmt: skip
-                    states.append("cluster_state:ok" in out)
+                    out += subprocess.run(
+                        [cli, "-p", str(node.port), "info", "replication"],
+                        capture_output=True, timeout=2, text=True,
+                    ).stdout  # fmt: skip
+                    synced = "role:slave" not in out or "master_link_status:up" in out
+                    states.append("cluster_state:ok" in out and synced)
             if states and all(states):
                 return
             time.sleep(0.1)
-        raise RedisUnavailableError("the Redis Cluster did not reach cluster_state:ok")
+        raise RedisUnavailableError(
+            "the Redis Cluster did not reach cluster_state:ok with every replica in sync"
+        )
 
     def close(self) -> None:
         for node in self.nodes:
