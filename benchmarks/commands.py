@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import httpx
 import redis
 
-from throttle_client import Limiter, RedisBackend
+from throttle_client import Limiter, RedisBackend, ThrottledTransport
 from throttle_client.testing import RedisServer
 
 
@@ -84,11 +85,29 @@ def main() -> None:
                 fast.acquire("fast key")
 
         commands = counted(server.url, client, paced)
-        each = ", ".join(f"{name} {commands.count(name)}" for name in sorted(set(commands)))
-        print(
-            f"  {'throttle_client, 20/second, 40 calls':38s} {len(commands) / 40:4.2f} a call "
-            f"on average ({each})"
-        )
+        print(f"  {'throttle_client, 20/second, 40 calls':38s} {per_call(commands, 40)}")
+        # Requests through ThrottledTransport: its decisions also mark where a limit
+        # learned from the response would count from (``margin`` before the slot).
+        sent = Limiter(RedisBackend(client), rates=["1000000/hour"], namespace="sent")
+        answer = httpx.MockTransport(lambda request: httpx.Response(200))
+        http = httpx.Client(transport=ThrottledTransport(sent, transport=answer))
+        http.get("https://api.example.com/", headers={"Authorization": "Bearer T"})
+        for name, apart in [("50 ms apart", 0.05), ("back to back", 0.0)]:
+
+            def requests(apart: float = apart) -> None:
+                for _ in range(20):
+                    http.get("https://api.example.com/", headers={"Authorization": "Bearer T"})
+                    time.sleep(apart)
+
+            commands = counted(server.url, client, requests)
+            label = f"ThrottledTransport, {name}, 20 calls"
+            print(f"  {label:38s} {per_call(commands, 20)}")
+        http.close()
+
+
+def per_call(commands: list[str], calls: int) -> str:
+    each = ", ".join(f"{name} {commands.count(name)}" for name in sorted(set(commands)))
+    return f"{len(commands) / calls:4.2f} a call on average ({each})"
 
 
 if __name__ == "__main__":

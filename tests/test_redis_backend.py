@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import redis.asyncio
@@ -36,6 +37,7 @@ from throttle_client import (
     Decision,
     Limiter,
     RedisBackend,
+    ThrottledTransport,
     ThrottleTimeout,
 )
 from throttle_client._acquiring import acquire_op
@@ -967,3 +969,29 @@ def test_entries_lose_their_ids_once_no_retry_can_come(redis_url: str) -> None:
         assert [int.from_bytes(m[:6], "big") for m, _ in members] == list(range(1, 12))
         assert limiter.usage(TOKEN).rates[0].used == 11
     client.close()
+
+
+def test_a_transport_s_mark_after_the_newest_entry_is_not_looked_up(
+    client: redis.Redis, redis_url: str
+) -> None:
+    """A transport's decision marks the running total ``margin`` before its slot. When
+    the key's newest entry is older than that, the mark is the key's total: the script
+    looks nothing up (ZREVRANGEBYSCORE) for it. Calls closer together still do."""
+    clock = FakeClock()
+    lookups = []
+    with RedisBackend(redis_url) as backend:
+        limiter = Limiter(backend, rates=["1000/hour"], margin=0.025, clock=clock)
+        answer = httpx.MockTransport(lambda request: httpx.Response(200))
+        with httpx.Client(transport=ThrottledTransport(limiter, transport=answer)) as http:
+            http.get("https://api.example.com/", headers={"Authorization": f"Bearer {TOKEN}"})
+            for apart in (0.05, 0.001):  # further apart than the margin, then closer
+                client.config_resetstat()
+                for _ in range(5):
+                    clock.advance(apart)
+                    http.get(
+                        "https://api.example.com/", headers={"Authorization": f"Bearer {TOKEN}"}
+                    )
+                stats = client.info("commandstats")
+                lookups.append(stats.get("cmdstat_zrevrangebyscore", {}).get("calls", 0))
+        assert limiter.usage(TOKEN).rates[0].used == 11  # every call counted all the same
+    assert lookups == [0, 5]

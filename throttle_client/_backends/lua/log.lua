@@ -73,6 +73,10 @@ end
 local function cum_through(k, t)
   if t < k.trimmed then return 0 end -- (how many trimmed units lie before t is not known)
   if k.first < 0 or t < k.first then return k.base end
+  -- At or after the newest entry: its total, which open() checked M's against. (A
+  -- transport's mark, `margin` before a call's slot, is one of these whenever its calls
+  -- come further apart than the margin.)
+  if t >= k.last then return k.total end
   local hit = redis.call('ZREVRANGEBYSCORE', k.log, format('%d', t), 0, 'LIMIT', 0, 1)[1]
   return hit and total_of(hit) or k.base -- (none: a `first` later than M says)
 end
