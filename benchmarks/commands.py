@@ -90,13 +90,14 @@ def main() -> None:
         # learned from the response would count from (``margin`` before the slot).
         sent = Limiter(RedisBackend(client), rates=["1000000/hour"], namespace="sent")
         answer = httpx.MockTransport(lambda request: httpx.Response(200))
-        http = httpx.Client(transport=ThrottledTransport(sent, transport=answer))
-        http.get("https://api.example.com/", headers={"Authorization": "Bearer T"})
+        headers = {"Authorization": "Bearer T"}
+        http = httpx.Client(transport=ThrottledTransport(sent, transport=answer), headers=headers)
+        http.get("https://api.example.com/")
         for name, apart in [("50 ms apart", 0.05), ("back to back", 0.0)]:
 
             def requests(apart: float = apart) -> None:
                 for _ in range(20):
-                    http.get("https://api.example.com/", headers={"Authorization": "Bearer T"})
+                    http.get("https://api.example.com/")
                     time.sleep(apart)
 
             commands = counted(server.url, client, requests)

@@ -259,7 +259,7 @@ def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
         primary = client.get_node_from_key(redis_keys(limiter.store_key("token"))[0])
         client.close()
         # Replication is asynchronous: the call is on the replica before its primary dies.
-        with redis.Redis(port=primary.port) as direct:
+        with redis.Redis(host=primary.host, port=primary.port) as direct:
             assert direct.wait(1, 5000) == 1
         victim = next(node for node in cluster.nodes if node.port == primary.port)
         victim.kill()

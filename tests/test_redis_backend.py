@@ -982,15 +982,15 @@ def test_a_transport_s_mark_after_the_newest_entry_is_not_looked_up(
     with RedisBackend(redis_url) as backend:
         limiter = Limiter(backend, rates=["1000/hour"], margin=0.025, clock=clock)
         answer = httpx.MockTransport(lambda request: httpx.Response(200))
-        with httpx.Client(transport=ThrottledTransport(limiter, transport=answer)) as http:
-            http.get("https://api.example.com/", headers={"Authorization": f"Bearer {TOKEN}"})
+        transport = ThrottledTransport(limiter, transport=answer)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(transport=transport, headers=headers) as http:
+            http.get("https://api.example.com/")
             for apart in (0.05, 0.001):  # further apart than the margin, then closer
                 client.config_resetstat()
                 for _ in range(5):
                     clock.advance(apart)
-                    http.get(
-                        "https://api.example.com/", headers={"Authorization": f"Bearer {TOKEN}"}
-                    )
+                    http.get("https://api.example.com/")
                 stats = client.info("commandstats")
                 lookups.append(stats.get("cmdstat_zrevrangebyscore", {}).get("calls", 0))
         assert limiter.usage(TOKEN).rates[0].used == 11  # every call counted all the same
