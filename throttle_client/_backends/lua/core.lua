@@ -1,5 +1,5 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
--- The script, part 1 of 12: the storage, the arguments and replies, quotas and a key's M.
+-- The script, part 1 of 13: the storage, the arguments and replies, quotas and a key's M.
 -- The backend (_backends/redis_script.py, PARTS) joins the parts in order: each uses only what
 -- the parts before it define.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
@@ -170,6 +170,8 @@ local function parse_quota(packed)
     end
     if limit < q.smallest then q.smallest = limit end
   end
+  -- Plain: exact sliding rates only, the quota a plain decision (plain.lua) serves.
+  q.plain = next(q.windows) == nil and next(q.widths) == nil
   q.horizon = math.max(q.longest, gap)
   if q.reach == 0 and q.fixed_keep == math.huge then -- only bounded rates: the log keeps
     q.horizon = math.max(q.horizon, KEEP_IDS) -- its calls KEEP_IDS
@@ -178,10 +180,11 @@ local function parse_quota(packed)
   return q
 end
 
--- A parsed quota at this `now`: {keep, cutoff, batch} added to a copy (the parse is
--- shared). `keep`: the windows need every call after it; `cutoff`: entries at or before it
--- count in no window any more, nor hold an id a retry may ask for; `batch`: trimming's,
--- a tenth of how far back the log reaches (not of the bounded rates' periods, which it
+-- A parsed quota made ready for this `now`: {keep, cutoff, batch, at} set on it, in place
+-- (a copy per call costs a table of 16 fields; `at` says which now they are for).
+-- `keep`: the windows need every call after it; `cutoff`: entries at or before it count
+-- in no window any more, nor hold an id a retry may ask for; `batch`: trimming's, a
+-- tenth of how far back the log reaches (not of the bounded rates' periods, which it
 -- does not hold), so that it holds at most 10 % more than it must.
 local function at_now(p)
   local keep = p.fixed_keep
@@ -190,10 +193,8 @@ local function at_now(p)
   -- Trimming spares the entries of the last KEEP_IDS whatever the windows: they hold the
   -- call ids a retry looks for. (What the windows need, `keep`, is unchanged by it.)
   local spared = math.min(keep, now - KEEP_IDS)
-  return {gap = p.gap, nrates = p.nrates, limits = p.limits, periods = p.periods,
-          windows = p.windows, names = p.names, widths = p.widths, longest = p.longest,
-          smallest = p.smallest, horizon = p.horizon, slack = p.slack, keep = keep,
-          cutoff = spared - 1, batch = math.max(math.floor((now - spared) / 10), 1000000)}
+  p.keep, p.cutoff, p.at = keep, spared - 1, now
+  p.batch = math.max(math.floor((now - spared) / 10), 1000000)
 end
 
 -- Parsed quotas by their msgpack, kept across calls where the script is a function
@@ -203,14 +204,10 @@ end
 local PARSED = 256
 local parsed, nparsed = {}, 0
 
--- The quotas read at this `now`, by their msgpack: a batch's operations of one limiter
--- send the same quota, read once (and the same table, by which open() knows its keys).
-local quotas, quotas_now = {}, nil
-
+-- A quota read from its msgpack, ready for this `now`: a batch's operations of one
+-- limiter send the same quota, read once (the same table, by which open() knows its
+-- keys).
 local function read_quota(packed)
-  if quotas_now ~= now then quotas, quotas_now = {}, now end
-  local q = quotas[packed or '']
-  if q then return q end
   local p = parsed[packed or '']
   if not p then
     local problem
@@ -219,9 +216,8 @@ local function read_quota(packed)
     if nparsed >= PARSED then parsed, nparsed = {}, 0 end
     parsed[packed], nparsed = p, nparsed + 1 -- (a quota that reads is a string)
   end
-  q = at_now(p)
-  quotas[packed] = q
-  return q
+  if p.at ~= now then at_now(p) end
+  return p
 end
 
 local TOTALS = 281474976710656 -- 2^48: a running total is 6 bytes

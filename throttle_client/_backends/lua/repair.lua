@@ -1,4 +1,4 @@
--- The script, part 2 of 12 (redis_script.py, PARTS): a key opened, with whatever of it is lost or
+-- The script, part 2 of 13 (redis_script.py, PARTS): a key opened, with whatever of it is lost or
 -- damaged rebuilt first.
 
 -- Partial state. L and M expire together, but either can be lost alone (maxmemory
@@ -104,7 +104,7 @@ end
 local function open(log, meta, q, index) -- index: the key's place in an acquire_all
   local known = opened[meta]
   if known then
-    if known.q == q and known.log == log then
+    if known.q == q and known.at == now and known.log == log then
       known.views, known.seen = {}, nil -- (this operation's own: coarse_of, earliest_slot)
       return known
     end
@@ -205,6 +205,7 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
     repaired = index and (fixed .. ':' .. index) or fixed
     save(k, math.max(now, k.last, k.pause) + q.horizon, true)
   end
+  k.at = now -- (the now it was read at: a batch's operations may give others)
   opened[meta] = k
   opened_order[#opened_order + 1] = k
   return k
