@@ -38,6 +38,7 @@ PARTS = (
     "records",
     "learned",
     "acquire",
+    "plain",
     "operations",
 )
 _LUA = resources.files(__package__).joinpath("lua")

@@ -1,4 +1,4 @@
--- The script, part 12: the other operations on a key, the dispatch, batches, and the
+-- The script, part 13: the other operations on a key, the dispatch, batches, and the
 -- entry point.
 
 -- reset: the key forgotten (its log and everything beside it), its life begun again.
@@ -78,6 +78,8 @@ local UNKEYED = {reset = op_reset, history = op_history, fingerprint = op_finger
                  acquire_all = op_acquire_all, lease = op_acquire_all}
 local KEYED = {acquire = op_acquire, inspect = op_inspect, learn = op_learn, pause = op_pause}
 
+local in_batch -- whether this script call is a batch (run_batch)
+
 -- One operation, from its keys and arguments (KEYS and ARGV of the script).
 local function run_one(keys, argv)
   repaired = nil
@@ -92,6 +94,10 @@ local function run_one(keys, argv)
   else
     now = whole(argv[3], 0)
     if not now then return fail('bad time ' .. tostring(argv[3])) end
+  end
+  if op == 'acquire' and not in_batch then -- (a batch shares each key's reads: open())
+    local answer = plain(keys, argv)
+    if answer then return answer end
   end
   local unkeyed = UNKEYED[op]
   if unkeyed then return unkeyed(keys, argv, op) end
@@ -141,7 +147,8 @@ local function run(keys, argv)
   end
   format, opened, opened_order, server_now, histories = string.format, {}, {}, nil, {}
   local ok, answer
-  if argv[1] == 'batch' then ok, answer = true, run_batch(keys, argv) else ok, answer = pcall(run_one, keys, argv) end
+  in_batch = argv[1] == 'batch'
+  if in_batch then ok, answer = true, run_batch(keys, argv) else ok, answer = pcall(run_one, keys, argv) end
   -- (What an operation wrote before it failed stays, as in any script: its M is written
   -- too, so that L never runs ahead of it.)
   for _, k in ipairs(opened_order) do flush(k) end
