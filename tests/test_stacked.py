@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -408,10 +409,17 @@ def test_a_stacked_call_arrives_within_the_narrowest_margin() -> None:
     assert decision.late_wakeups == 1  # booked again rather than crowd the account
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_refusal_pauses_every_key_of_the_request_and_routes_keep_the_transports_also(
-    mode: str,
-) -> None:
+Pauses = Callable[[Any, Any], Any]  # (search, account) -> a pauses= function
+
+
+def refused_once(
+    mode: str, route_pauses: Pauses | None = None, transport_pauses: Pauses | None = None
+) -> tuple[Any, Any, Any, float]:
+    """A request routed to a search limiter, charged to its account too (the
+    transport's also=), refused once with a 429 and Retry-After: 5, then one with
+    another token. Returns the account's usage after the 429, the search key's,
+    the other token's on the search limiter, and how long the other token's request
+    waited."""
     import asyncio
 
     import httpx
@@ -419,40 +427,124 @@ def test_a_refusal_pauses_every_key_of_the_request_and_routes_keep_the_transport
     from throttle_client import AsyncThrottledTransport, RetryPolicy, Route, ThrottledTransport
 
     tokens, account, clock = stacked_pair(mode)
-    search = type(tokens)(tokens.backend, rates=["10/second"], namespace="search", clock=clock)
+    sleep = clock.sleep if mode == "sync" else clock.asleep
+    search = type(tokens)(
+        tokens.backend, rates=["10/second"], namespace="search", clock=clock, sleep=sleep
+    )
     statuses = [429, 200]
 
     def upstream(request: httpx.Request) -> httpx.Response:
         status = statuses.pop(0) if statuses else 200
         return httpx.Response(status, headers={"Retry-After": "5"} if status == 429 else {})
 
-    also = [(account, lambda request: "acct-9")]
-    routes = [Route(search, path="/search")]
+    own = route_pauses(search, account) if route_pauses else None
     cls = ThrottledTransport if mode == "sync" else AsyncThrottledTransport
     transport = cls(
         tokens,
-        routes=routes,
-        also=also,
+        routes=[Route(search, path="/search", pauses=own)],
+        also=[(account, lambda request: "acct-9")],
         transport=httpx.MockTransport(upstream),
         retry=RetryPolicy(max_attempts=1),
+        pauses=transport_pauses(search, account) if transport_pauses else None,
     )
     url, headers = "https://api.example.com/search/code", {"Authorization": "Bearer A"}
+    other_token = {"Authorization": "Bearer B"}
     if mode == "sync":
         with httpx.Client(transport=transport) as client:
             assert client.get(url, headers=headers).status_code == 429
-        usage = account.usage("acct-9")
-        searched = search.usage("A")
-    else:
+            paused = account.usage("acct-9"), search.usage("A"), search.usage("B")
+            sent_at = clock()  # another token of the account, right after the 429
+            assert client.get(url, headers=other_token).status_code == 200
+        return (*paused, clock() - sent_at)
 
-        async def run() -> tuple[Any, Any]:
-            async with httpx.AsyncClient(transport=transport) as client:
-                assert (await client.get(url, headers=headers)).status_code == 429
-            return await account.usage("acct-9"), await search.usage("A")
+    async def run() -> tuple[Any, Any, Any, float]:
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(url, headers=headers)).status_code == 429
+            paused = (
+                await account.usage("acct-9"),
+                await search.usage("A"),
+                await search.usage("B"),
+            )
+            sent_at = clock()
+            assert (await client.get(url, headers=other_token)).status_code == 200
+        return (*paused, clock() - sent_at)
 
-        usage, searched = asyncio.run(run())
-    assert usage.rates[0].used == 1  # the routed request was charged to the account too
-    assert usage.paused_for == pytest.approx(5.0)  # and the 429 paused the account
-    assert searched.paused_for == pytest.approx(5.0)  # as well as the route's own key
+    return asyncio.run(run())
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "throttle_client" and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_refusal_pauses_the_request_s_own_key_and_leaves_its_account_sending(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Which quota a 429 refers to, the upstream alone knows: by default the request's
+    own key is paused, and the account it shares with other tokens is not."""
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    account, searched, other, waited = refused_once(mode)
+    warnings = warnings_of(caplog)
+    assert account.rates[0].used == 1  # the routed request was charged to the account too
+    assert searched.paused_for == pytest.approx(5.0)  # the 429 paused the route's own key
+    assert account.paused_for == 0  # and not the account: its other tokens keep sending
+    assert other.paused_for == 0 and waited == 0
+    assert len(warnings) == 1 and "pausing key#" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_route_s_pauses_names_the_limiters_a_refusal_holds_and_the_log_names_each_key(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def both(search: Any, account: Any) -> Any:
+        return lambda response: [account, search] if response.status_code == 429 else []
+
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    account, searched, other, waited = refused_once(mode, route_pauses=both)
+    warnings = warnings_of(caplog)
+    assert account.paused_for == pytest.approx(5.0)
+    assert searched.paused_for == pytest.approx(5.0)
+    assert other.paused_for == 0  # another token of the search limiter: not this key
+    assert waited == pytest.approx(5.0)  # but of the account: it waits out its pause
+    line = warnings[0]
+    assert "of search" in line and "of account" in line and "acct-9" not in line, line
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_route_s_pauses_wins_over_the_transport_s(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def account_only(search: Any, account: Any) -> Any:
+        return lambda response: [account]
+
+    def nothing(search: Any, account: Any) -> Any:
+        return lambda response: ()
+
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    account, searched, _, _ = refused_once(mode, transport_pauses=account_only)
+    assert (account.paused_for, searched.paused_for) == (pytest.approx(5.0), 0)
+    caplog.clear()
+    account, searched, _, _ = refused_once(
+        mode, route_pauses=nothing, transport_pauses=account_only
+    )
+    assert (account.paused_for, searched.paused_for) == (0, 0)
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 1 and "pausing no key" in warnings[0], warnings
+
+
+def test_pauses_naming_a_limiter_the_request_is_not_charged_to_is_an_error() -> None:
+    tokens, account, clock = stacked_pair("sync")
+    stranger = type(tokens)(tokens.backend, rates=["1/second"], namespace="stranger", clock=clock)
+    with pytest.raises(ConfigurationError, match=r"pauses= named Limiter\(.*stranger"):
+        refused_once("sync", route_pauses=lambda search, account: lambda r: [stranger])
+    with pytest.raises(TypeError, match=r"pauses= takes a function of the response"):
+        from throttle_client import Route
+
+        Route(tokens, pauses=[account])  # type: ignore[arg-type]
 
 
 def test_tags_that_differ_are_refused_on_every_store_once_one_key_is_tagged() -> None:

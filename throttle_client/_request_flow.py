@@ -37,11 +37,13 @@ from ._routes import (
     CostFunc,
     KeyFunc,
     L,
+    PausesFunc,
     RetryPolicy,
     Route,
     acquire_timeout,
     also_for,
     checked_also,
+    checked_pauses,
 )
 
 logger = logging.getLogger("throttle_client")
@@ -95,6 +97,7 @@ class Plan(Generic[L]):
     route: str
     retryable: bool
     timeout: float | None  # the longest wait for a slot, each attempt's (None: no limit)
+    pauses: PausesFunc[L] | None = None  # the route's, else the transport's (see paused)
 
     @functools.cached_property  # (only a log line asks: most requests never do)
     def label(self) -> str:
@@ -115,6 +118,7 @@ class TransportCore(Generic[L]):
     acquire_timeout: float | timedelta | None
     also: Sequence[AlsoSpec[L]] = ()
     learn: bool = True  # hold a key to quota headers stricter than its rates
+    pauses: PausesFunc[L] | None = None  # which limiters a pause holds (None: the own)
     _warned: set[str] = field(default_factory=set)
     _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
 
@@ -122,6 +126,7 @@ class TransportCore(Generic[L]):
         transport = "ThrottledTransport" if self.kind is Limiter else "AsyncThrottledTransport"
         self.routes = tuple(self.routes)
         self.also = checked_also(self.also)
+        checked_pauses(self.pauses)
         if self.limiter is None and not self.routes:
             raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
         partners: list[L] = [spec[0] for spec in self.also]
@@ -167,9 +172,12 @@ class TransportCore(Generic[L]):
         # request is charged to); else the transport's limiter.
         limiter: L | None = self.limiter
         also: tuple[AlsoSpec[L], ...] = tuple(self.also)
+        pauses = self.pauses
         if route is not None:
             limiter = route.limiter
             also = tuple(route.also) + also
+            if route.pauses is not None:
+                pauses = route.pauses
         if limiter is None:
             return None
         timeout = cast("float | None", self.acquire_timeout)
@@ -194,6 +202,7 @@ class TransportCore(Generic[L]):
             # A streamed body cannot be sent twice.
             and isinstance(request.stream, httpx.ByteStream),
             timeout=timeout,
+            pauses=pauses,
         )
 
     def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
@@ -252,14 +261,11 @@ class TransportCore(Generic[L]):
                 feedback.reason,
             )
             if pause > 0:
-                # Which of the call's quotas the upstream meant, it does not say: every
-                # key of the call is paused (under-use at worst, never another refusal).
+                held = self.paused(plan, response)
+                self.log_pause(plan, response, feedback, held)
                 told = {"reason": reason, "source": "upstream", "route": plan.route}
                 refused = response.status_code == 429
-                _, now = yield from pause_flow(
-                    limiter, plan.key, pause, now, refused=refused, **told
-                )
-                for other, other_key, _ in plan.also:
+                for other, other_key in held:
                     _, now = yield from pause_flow(
                         other, other_key, pause, now, refused=refused, **told
                     )
@@ -297,24 +303,58 @@ class TransportCore(Generic[L]):
             level = logging.DEBUG if problem.header in self._warned else logging.WARNING
             self._warned.add(problem.header)
             logger.log(level, "%s from %s (%s)", problem.message, plan.route, plan.label)
-        if feedback.pause:
-            if feedback.refused:
-                logger.warning(
-                    "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
-                    plan.route,
-                    response.status_code,
-                    plan.label,
-                    feedback.pause,
-                    feedback.reason,
-                )
-            else:
-                logger.info(
-                    "upstream says the quota of %s is spent: pausing it for %.2fs (%s)",
-                    plan.label,
-                    feedback.pause,
-                    feedback.reason,
-                )
         return feedback
+
+    def paused(self, plan: Plan[L], response: httpx.Response) -> list[tuple[L, str]]:
+        """The keys a pause from ``response`` holds: those of the limiters the plan's
+        ``pauses`` names, or the request's own key. Which quota a response refers to
+        only the upstream knows (a header naming the bucket, the route): pausing the
+        request's own key alone keeps a 429 on one token from holding back every other
+        token of its account."""
+        charged = [(plan.limiter, plan.key)] + [(other, key) for other, key, _ in plan.also]
+        if plan.pauses is None:
+            return charged[:1]
+        named = list(plan.pauses(response))
+        unknown = [x for x in named if not any(x is limiter for limiter, _ in charged)]
+        if unknown:
+            raise ConfigurationError(
+                f"pauses= named {unknown[0]!r} for a request to {plan.route}, which is not "
+                "charged to it: it may name the request's own limiter and those of also="
+            )
+        return [(limiter, key) for limiter, key in charged if any(limiter is x for x in named)]
+
+    def log_pause(
+        self,
+        plan: Plan[L],
+        response: httpx.Response,
+        feedback: Feedback,
+        held: list[tuple[L, str]],
+    ) -> None:
+        """One line for a pause the upstream asked for, naming every key it holds."""
+        # (Of several limiters' keys, each is named with its namespace: whose quota it is.)
+        whose = len(held) > 1
+        labels = [
+            key_label(key, plan.host, lim.label) + (f" of {lim.namespace}" if whose else "")
+            for lim, key in held
+        ]
+        keys = ", ".join(labels) if labels else "no key (pauses= named none)"
+        if feedback.refused:
+            logger.warning(
+                "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",
+                plan.route,
+                response.status_code,
+                keys,
+                feedback.pause,
+                feedback.reason,
+            )
+        else:
+            logger.info(
+                "upstream says the quota of %s is spent: pausing %s for %.2fs (%s)",
+                plan.label,
+                keys,
+                feedback.pause,
+                feedback.reason,
+            )
 
 
 def lease_of(step: Hold) -> _Held:

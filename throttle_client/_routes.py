@@ -4,7 +4,7 @@ has), the other limiters a request is charged to, and the retry policy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Generic, TypeVar
@@ -23,6 +23,11 @@ CostFunc = Callable[[httpx.Request], int]
 # Another limiter a request is charged to: with a function of the request for its key,
 # and optionally the cost charged there (an int, or a function of the request).
 AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
+# Which of a request's limiters (its own, and those of also=) a pause its response asks
+# for holds: a function of the response (its status, its headers, its request). By
+# default, the request's own limiter only: a 429 on one token does not pause the
+# account that token shares with others, unless the response says it was the account's.
+PausesFunc = Callable[[httpx.Response], Iterable[L]]
 
 # The port a URL without one is sent to (httpx reports it as None).
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -36,7 +41,9 @@ class Route(Generic[L]):
     ``also``: (limiter, key function) pairs such a request is charged to as well, in the
     same atomic step (see ``Limiter.acquire``), with the transport's own ``also``; a third
     item, an int or a function of the request, charges that key another cost.
-    ``methods``: only requests of these HTTP methods match (None: any).
+    ``methods``: only requests of these HTTP methods match (None: any). ``pauses``: which
+    of the request's limiters a pause its response asks for holds (see
+    :class:`ThrottledTransport`); None: the transport's ``pauses``.
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
     >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
@@ -48,11 +55,13 @@ class Route(Generic[L]):
     path: str = "/"
     also: Sequence[AlsoSpec[L]] = ()
     methods: Collection[str] | None = None
+    pauses: PausesFunc[L] | None = None
     _name: str | None = field(default=None, init=False, repr=False, compare=False)
     _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "also", checked_also(self.also))
+        checked_pauses(self.pauses)
         if self.methods is not None:
             if not isinstance(self.methods, str):  # a generator is read once, here
                 object.__setattr__(self, "methods", tuple(self.methods))
@@ -164,6 +173,14 @@ def checked_also(also: Sequence[AlsoSpec[L]]) -> tuple[AlsoSpec[L], ...]:
                 f"a cost (an int or a function of the request), not {spec!r}"
             )
     return specs
+
+
+def checked_pauses(pauses: object) -> None:
+    if pauses is not None and not callable(pauses):
+        raise TypeError(
+            "pauses= takes a function of the response that returns the limiters a pause "
+            f"holds (the request's own, those of also=), not {pauses!r}"
+        )
 
 
 def also_for(spec: AlsoSpec[L], request: httpx.Request, cost: int) -> tuple[L, str, int]:

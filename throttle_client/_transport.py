@@ -30,7 +30,7 @@ from ._request_flow import (
     lease_of,
 )
 from ._request_key import request_key
-from ._routes import AlsoSpec, CostFunc, KeyFunc, RetryPolicy, Route
+from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route
 
 # httpx.Client options that configure its default transport: ThrottledClient hands
 # them to the inner transport it builds, so they keep working.
@@ -63,6 +63,17 @@ class ThrottledTransport(httpx.BaseTransport):
     than the limiter's rates hold the key to them, for every worker, until their reset
     (:meth:`Limiter.learn`); False ignores them (a 429 still pauses the key).
 
+    ``also``: (limiter, key function) pairs every request is charged to as well, in the
+    same atomic step (an account beside its tokens; see :class:`Route`). ``pauses``:
+    which of a request's limiters (its own, those of ``also``) a pause its response
+    asks for holds, as a function of the response; by default the request's own only,
+    so that a 429 on one token leaves the other tokens of its account sending::
+
+        def pauses(response):  # the upstream names the quota it refused
+            if response.headers.get("X-RateLimit-Scope") == "account":
+                return [tokens, account]
+            return [tokens]
+
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you
     (``with client.stream(...)``); a body already in memory ends it at once.
@@ -80,9 +91,10 @@ class ThrottledTransport(httpx.BaseTransport):
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[Limiter]] = (),
         learn: bool = True,
+        pauses: PausesFunc[Limiter] | None = None,
     ) -> None:
         self._core = TransportCore(
-            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn
+            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
@@ -146,9 +158,10 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
         learn: bool = True,
+        pauses: PausesFunc[AsyncLimiter] | None = None,
     ) -> None:
         self._core = TransportCore(
-            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn
+            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
@@ -214,6 +227,7 @@ class ThrottledClient(httpx.Client):
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[Limiter]] = (),
         learn: bool = True,
+        pauses: PausesFunc[Limiter] | None = None,
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -229,6 +243,7 @@ class ThrottledClient(httpx.Client):
             acquire_timeout=acquire_timeout,
             also=also,
             learn=learn,
+            pauses=pauses,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled
@@ -257,6 +272,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         acquire_timeout: float | timedelta | None = None,
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
         learn: bool = True,
+        pauses: PausesFunc[AsyncLimiter] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -272,6 +288,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
             acquire_timeout=acquire_timeout,
             also=also,
             learn=learn,
+            pauses=pauses,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled
