@@ -31,7 +31,8 @@ What cannot be said exactly with the library as it stands:
   80 content-creating requests per minute and 500 per hour: add them to its rates.
 * GitHub's other secondary limit, 90 s of its CPU time per 60 s, cannot be known by
   a client; only its 403/429 with ``Retry-After`` can (the transport pauses the
-  token for every worker then).
+  token for every worker then: a write's own limiter is the writes one, so its route
+  names the token too, with ``pauses=``).
 
 ``SCALE`` is the same set of rules scaled down so that each binds within about
 three seconds: an hour becomes 3 s, a minute 1 s, a second 0.2 s; the counts
@@ -124,7 +125,14 @@ def github_client(
     transport = ThrottledTransport(
         token,
         also=[by_points],
-        routes=[Route(writes, methods=WRITES, also=[(token, request_key)])],
+        routes=[
+            Route(
+                writes,
+                methods=WRITES,
+                also=[(token, request_key)],
+                pauses=lambda response: [writes, token],  # (secondary limits: the token's)
+            )
+        ],
     )
     return httpx.Client(transport=transport, **kwargs)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -536,15 +537,45 @@ def test_a_route_s_pauses_wins_over_the_transport_s(
     assert len(warnings) == 1 and "pausing no key" in warnings[0], warnings
 
 
-def test_pauses_naming_a_limiter_the_request_is_not_charged_to_is_an_error() -> None:
-    tokens, account, clock = stacked_pair("sync")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_pauses_may_answer_one_limiter_or_none_for_the_request_s_own(mode: str) -> None:
+    account, searched, _, _ = refused_once(mode, route_pauses=lambda search, acct: lambda r: acct)
+    assert (account.paused_for, searched.paused_for) == (pytest.approx(5.0), 0)
+    account, searched, _, _ = refused_once(mode, route_pauses=lambda search, acct: lambda r: None)
+    assert (account.paused_for, searched.paused_for) == (0, pytest.approx(5.0))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_mistake_in_pauses_is_logged_and_never_loses_the_pause(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The response has arrived: a limiter the request is not charged to, a function
+    that fails or a coroutine function are logged, and the request's own key is paused
+    (the 429 still reaches the caller)."""
+    tokens, _, clock = stacked_pair(mode)
     stranger = type(tokens)(tokens.backend, rates=["1/second"], namespace="stranger", clock=clock)
-    with pytest.raises(ConfigurationError, match=r"pauses= named Limiter\(.*stranger"):
-        refused_once("sync", route_pauses=lambda search, account: lambda r: [stranger])
+
+    def fails(response: Any) -> Any:
+        raise ValueError("no such header")
+
+    async def coroutine(response: Any) -> Any:
+        return []
+
+    caplog.set_level(logging.WARNING, logger="throttle_client")
+    for pauses, said in [
+        (lambda response: [stranger], r"pauses= named .*stranger.* not charged to it"),
+        (fails, r"pauses= failed for GET api.example.com/search: pausing its own key"),
+        (coroutine, r"pauses= failed for GET api.example.com/search"),
+    ]:
+        caplog.clear()
+        account, searched, _, _ = refused_once(mode, route_pauses=lambda s, a, p=pauses: p)
+        assert (account.paused_for, searched.paused_for) == (0, pytest.approx(5.0))
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert any(re.search(said, line) for line in lines), lines
     with pytest.raises(TypeError, match=r"pauses= takes a function of the response"):
         from throttle_client import Route
 
-        Route(tokens, pauses=[account])  # type: ignore[arg-type]
+        Route(tokens, pauses=[stranger])  # type: ignore[arg-type]
 
 
 def test_tags_that_differ_are_refused_on_every_store_once_one_key_is_tagged() -> None:

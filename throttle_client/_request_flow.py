@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, cast
@@ -30,7 +31,7 @@ from ._flow import Flow
 from ._key_flows import pause_flow
 from ._learning import learn_flow
 from ._lease import AsyncLease, Lease, _Held
-from ._limiter import Limiter
+from ._limiter import AsyncLimiter, Limiter
 from ._request_key import credential_names, key_label, request_key
 from ._routes import (
     AlsoSpec,
@@ -306,22 +307,46 @@ class TransportCore(Generic[L]):
         return feedback
 
     def paused(self, plan: Plan[L], response: httpx.Response) -> list[tuple[L, str]]:
-        """The keys a pause from ``response`` holds: those of the limiters the plan's
-        ``pauses`` names, or the request's own key. Which quota a response refers to
-        only the upstream knows (a header naming the bucket, the route): pausing the
-        request's own key alone keeps a 429 on one token from holding back every other
-        token of its account."""
-        charged = [(plan.limiter, plan.key)] + [(other, key) for other, key, _ in plan.also]
+        """The keys a pause from ``response`` holds: the request's own key, unless the
+        plan's ``pauses`` names limiters (every key of the request under each one named).
+        Which quota a response refers to only the upstream knows (a header naming the
+        bucket, the route): pausing the request's own key alone keeps a 429 on one
+        token from holding back every other token of its account. A mistake in
+        ``pauses`` shows in the log, never as a lost pause: the response has arrived,
+        and the request's own key is paused instead."""
+        own = (plan.limiter, plan.key)
         if plan.pauses is None:
-            return charged[:1]
-        named = list(plan.pauses(response))
-        unknown = [x for x in named if not any(x is limiter for limiter, _ in charged)]
-        if unknown:
-            raise ConfigurationError(
-                f"pauses= named {unknown[0]!r} for a request to {plan.route}, which is not "
-                "charged to it: it may name the request's own limiter and those of also="
+            return [own]
+        charged = [own] + [(other, key) for other, key, _ in plan.also]
+        try:
+            answer: object = plan.pauses(response)
+            if answer is None:  # (the request's own key)
+                return [own]
+            if inspect.iscoroutine(answer):
+                answer.close()
+                raise TypeError("pauses= must be a plain function, not a coroutine function")
+            many = not isinstance(answer, (Limiter, AsyncLimiter))
+            named = list(cast("Iterable[object]", answer)) if many else [answer]
+        except Exception:
+            logger.exception("pauses= failed for %s: pausing its own key", plan.route)
+            return [own]
+        held = [(limiter, key) for limiter, key in charged if any(limiter is x for x in named)]
+        stray = [x for x in named if not any(x is limiter for limiter, _ in charged)]
+        if stray:
+            self.warn_once(
+                f"pauses:{plan.route}:{id(stray[0])}",
+                f"pauses= named {stray[0]!r} for {plan.route}, which is not charged to it "
+                "(it may name the request's own limiter and those of also=): ignored",
             )
-        return [(limiter, key) for limiter, key in charged if any(limiter is x for x in named)]
+            if not held:  # (named only such: the pause is not lost)
+                return [own]
+        return held
+
+    def warn_once(self, topic: str, message: str) -> None:
+        """``message`` at WARNING the first time ``topic`` comes up, at DEBUG after."""
+        level = logging.DEBUG if topic in self._warned else logging.WARNING
+        self._warned.add(topic)
+        logger.log(level, "%s", message)
 
     def log_pause(
         self,

@@ -24,10 +24,11 @@ CostFunc = Callable[[httpx.Request], int]
 # and optionally the cost charged there (an int, or a function of the request).
 AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
 # Which of a request's limiters (its own, and those of also=) a pause its response asks
-# for holds: a function of the response (its status, its headers, its request). By
-# default, the request's own limiter only: a 429 on one token does not pause the
-# account that token shares with others, unless the response says it was the account's.
-PausesFunc = Callable[[httpx.Response], Iterable[L]]
+# for holds: a function of the response (its status, its headers, its request) that
+# returns them (one, several, or none), or None for the request's own. By default, the
+# request's own limiter only: a 429 on one token does not pause the account that token
+# shares with others, unless the response says it was the account's.
+PausesFunc = Callable[[httpx.Response], Iterable[L] | L | None]
 
 # The port a URL without one is sent to (httpx reports it as None).
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -66,13 +66,17 @@ class ThrottledTransport(httpx.BaseTransport):
     ``also``: (limiter, key function) pairs every request is charged to as well, in the
     same atomic step (an account beside its tokens; see :class:`Route`). ``pauses``:
     which of a request's limiters (its own, those of ``also``) a pause its response
-    asks for holds, as a function of the response; by default the request's own only,
-    so that a 429 on one token leaves the other tokens of its account sending::
+    asks for holds, as a function of the response that returns them (or None: the
+    request's own). By default the request's own key alone is paused, so that a 429 on
+    one token leaves the other tokens of its account sending::
 
         def pauses(response):  # the upstream names the quota it refused
             if response.headers.get("X-RateLimit-Scope") == "account":
-                return [tokens, account]
-            return [tokens]
+                return [account]  # (also=: every token of the account waits)
+            return None
+
+    A limiter named that the request is not charged to is ignored with a warning, and
+    a ``pauses`` that fails is logged: the request's own key is paused then.
 
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you

@@ -4,8 +4,8 @@
 -- on a key in steady state under exact sliding rates: its M readable, well formed and in
 -- agreement with L's newest entry; no learned limit in force, no usage history; nothing
 -- to trim, compact or renew. plain() decides those with only the work they need (TIME,
--- GET, L's newest entry, ZADD, SET; a lookup for a rate whose window starts among L's
--- entries): no dispatch, no closures, no per-call copy of the
+-- GET, L's newest entry, ZADD, SET, and the lookups its rates need): no dispatch, no
+-- closures, no per-call copy of the
 -- quota, and earliest_slot, remaining_at and book() reduced to what exact sliding rates
 -- ask of them. For anything else, or anything it is not sure of, it returns nil before
 -- its first write, and the operation runs the whole way (op_acquire), which answers and
