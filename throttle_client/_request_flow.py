@@ -308,7 +308,8 @@ class TransportCore(Generic[L]):
 
     def paused(self, plan: Plan[L], response: httpx.Response) -> list[tuple[L, str]]:
         """The keys a pause from ``response`` holds: the request's own key, unless the
-        plan's ``pauses`` names limiters (every key of the request under each one named).
+        plan's ``pauses`` names limiters (every key of the request under each one named;
+        naming none, the request's own key all the same).
         Which quota a response refers to only the upstream knows (a header naming the
         bucket, the route): pausing the request's own key alone keeps a 429 on one
         token from holding back every other token of its account. A mistake in
@@ -320,7 +321,7 @@ class TransportCore(Generic[L]):
         charged = [own] + [(other, key) for other, key, _ in plan.also]
         try:
             answer: object = plan.pauses(response)
-            if answer is None:  # (the request's own key)
+            if answer is None:
                 return [own]
             if inspect.iscoroutine(answer):
                 answer.close()
@@ -338,9 +339,9 @@ class TransportCore(Generic[L]):
                 f"pauses= named {stray[0]!r} for {plan.route}, which is not charged to it "
                 "(it may name the request's own limiter and those of also=): ignored",
             )
-            if not held:  # (named only such: the pause is not lost)
-                return [own]
-        return held
+        # (None named, or none that counts: the request's own key, never no key at all,
+        # or its retries would go out at once to an upstream that asked them to wait.)
+        return held or [own]
 
     def warn_once(self, topic: str, message: str) -> None:
         """``message`` at WARNING the first time ``topic`` comes up, at DEBUG after."""
@@ -356,13 +357,10 @@ class TransportCore(Generic[L]):
         held: list[tuple[L, str]],
     ) -> None:
         """One line for a pause the upstream asked for, naming every key it holds."""
-        # (Of several limiters' keys, each is named with its namespace: whose quota it is.)
-        whose = len(held) > 1
-        labels = [
-            key_label(key, plan.host, lim.label) + (f" of {lim.namespace}" if whose else "")
-            for lim, key in held
-        ]
-        keys = ", ".join(labels) if labels else "no key (pauses= named none)"
+        # (Each key with its namespace: whose quota it is, a token's or an account's.)
+        keys = ", ".join(
+            f"{key_label(key, plan.host, lim.label)} of {lim.namespace}" for lim, key in held
+        )
         if feedback.refused:
             logger.warning(
                 "upstream refused %s (HTTP %d): pausing %s for %.2fs (%s)",

@@ -25,7 +25,7 @@ CostFunc = Callable[[httpx.Request], int]
 AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
 # Which of a request's limiters (its own, and those of also=) a pause its response asks
 # for holds: a function of the response (its status, its headers, its request) that
-# returns them (one, several, or none), or None for the request's own. By default, the
+# returns them (one or several), or None for the request's own. By default, the
 # request's own limiter only: a 429 on one token does not pause the account that token
 # shares with others, unless the response says it was the account's.
 PausesFunc = Callable[[httpx.Response], Iterable[L] | L | None]

@@ -76,7 +76,8 @@ class ThrottledTransport(httpx.BaseTransport):
             return None
 
     A limiter named that the request is not charged to is ignored with a warning, and
-    a ``pauses`` that fails is logged: the request's own key is paused then.
+    a ``pauses`` that fails is logged; when it names none that counts, the request's
+    own key is paused (a pause never holds no key: the retries would go at once).
 
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you
