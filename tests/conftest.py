@@ -7,6 +7,7 @@ one fail with a message saying how to get one; they never skip.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import os
 import tempfile
@@ -61,6 +62,24 @@ def started(servers: S) -> S:
         return servers.start()
     except RedisUnavailableError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def slow_tests_take_turns(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test of the second tier (``-m slow``: fleets of processes, a thousand tasks,
+    examples against strict upstreams, judged by arrival time) holds a lock while it
+    runs: the pytest workers take turns at them, so that none is judged on the load of
+    another beside it on the machine's cores. (A lock file in the run's directory, which
+    every worker of the run shares; the first tier's tests take no lock.)"""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "slow-tests-take-turns.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
