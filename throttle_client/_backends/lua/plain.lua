@@ -5,9 +5,8 @@
 -- agreement with L's newest entry; no learned limit in force, no usage history; nothing
 -- to trim, compact or renew. plain() decides those with only the work they need (TIME,
 -- GET, L's newest entry, ZADD, SET, and the lookups its rates need): no dispatch, no
--- closures, no per-call copy of the
--- quota, and earliest_slot, remaining_at and book() reduced to what exact sliding rates
--- ask of them. For anything else, or anything it is not sure of, it returns nil before
+-- closures, no per-call copy of the quota, and earliest_slot, remaining_at and book()
+-- reduced to what exact sliding rates ask of them. For anything else, or anything it is not sure of, it returns nil before
 -- its first write, and the operation runs the whole way (op_acquire), which answers and
 -- writes the same: tests/test_plain_decision.py holds the two to the same replies and
 -- the same bytes in the store. A feature added to op_acquire is one more reason to step
@@ -19,9 +18,9 @@ local function plain(keys, argv)
   if keys[3] then return nil end -- its usage history: op_acquire declares it
   local q = read_quota(argv[2])
   if not q or not q.plain then return nil end
-  local id = argv[6]
-  if string.byte(id or '', 1) ~= 61 or #id < 3 or #id > 10 then return nil end -- '=': a
-  local cost, max_wait = whole(argv[4], 1), whole(argv[5], -1) -- first attempt (read_id)
+  local id, retry = read_id(argv[6])
+  if not id or retry then return nil end -- (a retry looks for its id: op_acquire)
+  local cost, max_wait = whole(argv[4], 1), whole(argv[5], -1)
   local lead, mark_us = whole(argv[7] or 0, 0), whole(argv[8] or -1, -1)
   if not cost or not max_wait or not lead or not mark_us or check_cost(q, cost) then return nil end
   local state = redis.call('GET', keys[2])
@@ -43,8 +42,8 @@ local function plain(keys, argv)
              coarse = NONE, trimmed = trimmed,
              life = (life == 1 or life == 2 or life == 3) and life or 0}
   if not well_formed(k) or too_far(k, true) or past_totals(k, cost) then return nil end
-  local slot, top = placed(k, 0) -- L's newest entry, as open() checks it
-  if slot ~= last or top ~= total then return nil end
+  local newest, top = placed(k, 0) -- L's newest entry, as open() checks it
+  if newest ~= last or top ~= total then return nil end
   if lost_history(k, argv[9]) then return nil end -- (it wrote nothing yet: save() waits)
   -- The earliest slot (earliest_slot, for exact sliding rates): the gap, the pause, the
   -- lead, and each rate's: a rate whose running total through now - period already
@@ -74,7 +73,7 @@ local function plain(keys, argv)
   if needed > expires then return nil end
   local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
   local cum = total + cost
-  redis.call('ZADD', k.log, format('%d', slot), entry(cum) .. string.sub(id, 2))
+  redis.call('ZADD', k.log, format('%d', slot), entry(cum) .. id)
   if idold < 0 then k.idold = slot end
   if cost > 1 then k.wcum = cum end
   k.total, k.last = cum, slot
