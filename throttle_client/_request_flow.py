@@ -301,9 +301,7 @@ class TransportCore(Generic[L]):
         )
         for problem in feedback.problems:
             # One warning per header per transport: a fleet would repeat it on every call.
-            level = logging.DEBUG if problem.header in self._warned else logging.WARNING
-            self._warned.add(problem.header)
-            logger.log(level, "%s from %s (%s)", problem.message, plan.route, plan.label)
+            self.warn_once(problem.header, f"{problem.message} from {plan.route} ({plan.label})")
         return feedback
 
     def paused(self, plan: Plan[L], response: httpx.Response) -> list[tuple[L, str]]:
