@@ -92,8 +92,8 @@ step = st.tuples(
     st.sampled_from(range(2, 18)),  # the meta's field a damage changes (last, total, ...)
     st.sampled_from([-1, 1, -1000, 1000, -20 * US]),  # and by how much
 )
-# Calls close together for long enough that the log trims its oldest entries while the
-# keys' TTLs still hold: the booking that trims goes the whole way.
+# Calls close together for long enough that the log trims its oldest entries, between
+# the TTLs' renewals: bookings that trim, and bookings that renew.
 STEADY = [(300_000, "acquire", 1, -1, 0, -1, "known", 2, 0)] * 40
 
 

@@ -2,11 +2,11 @@
 --
 -- Most decisions are one acquire, tried for the first time, alone in its script call,
 -- on a key in steady state under exact sliding rates: its M readable, well formed and in
--- agreement with L's newest entry; no learned limit in force, no usage history; nothing
--- to trim, compact or renew. plain() decides those with only the work they need (TIME,
+-- agreement with L's newest entry; no learned limit in force, no usage history, no call
+-- ids due to go. plain() decides those with only the work they need (TIME,
 -- GET, L's newest entry, ZADD, SET, and the lookups its rates need): no dispatch, no
--- closures, no per-call copy of the quota, and earliest_slot, remaining_at and book()
--- reduced to what exact sliding rates ask of them. For anything else, or anything it is not sure of, it returns nil before
+-- closures, no per-call copy of the quota, and earliest_slot and remaining_at reduced
+-- to what exact sliding rates ask of them. For anything else, or anything it is not sure of, it returns nil before
 -- its first write, and the operation runs the whole way (op_acquire), which answers and
 -- writes the same: tests/test_plain_decision.py holds the two to the same replies and
 -- the same bytes in the store. A feature added to op_acquire is one more reason to step
@@ -64,20 +64,13 @@ local function plain(keys, argv)
     out[#out + 1] = total
     return reply(out)
   end
-  -- Admitted. Booked as book() does, unless the booking is one of the few that also trims
-  -- the log or renews the TTLs (at most one in a tenth of the log's reach, a second at
-  -- least): those go the whole way, before anything is written here.
-  if first <= q.cutoff - q.batch then return nil end
-  local needed = math.max(slot, pause) + q.horizon
-  if slot + KEEP_IDS > needed then needed = slot + KEEP_IDS end
-  if needed > expires then return nil end
+  -- Admitted: booked by book() (which trims the log when its time comes), and M written
+  -- at once by flush() (renewing the TTLs when their time comes): nothing else of this
+  -- call opens the key.
   local marked = mark_us >= 0 and cum_through(k, slot - mark_us - 1)
-  local cum = total + cost
-  redis.call('ZADD', k.log, format('%d', slot), entry(cum) .. id)
-  if idold < 0 then k.idold = slot end
-  if cost > 1 then k.wcum = cum end
-  k.total, k.last = cum, slot
-  redis.call('SET', k.meta, pack_meta(k), 'KEEPTTL')
+  book(k, slot, cost, id)
+  flush(k)
+  local cum = k.total
   out[1] = 1
   for i = 1, q.nrates do
     local older = slot == now and seen[i] or cum_through(k, slot - periods[i])
