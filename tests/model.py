@@ -201,6 +201,23 @@ class Model:
                 assert self._in_window(log, slot, period.period) <= limit
         return self._outcome(log, True, now, slot)
 
+    def acquire_any(
+        self, keys: list[str], now: int, horizon: int, cost: int = 1, max_wait: int | None = None
+    ) -> tuple[str, Outcome]:
+        """A pool's call: ``acquire`` on the key whose slot is earliest; of equal ones the
+        key whose newest booking is the oldest (none, or one ``horizon`` or more ago: -1),
+        then the first. The key it took, and its outcome."""
+        if any(cost > limit for limit, _ in self.rates):
+            raise ValueError(f"cost {cost} can never be admitted")
+
+        def newest(key: str) -> int:
+            entries = self.logs[key].entries if key in self.logs else []
+            return entries[-1][0] if entries and entries[-1][0] + horizon > now else -1
+
+        ranks = [(self.earliest_slot(key, now, cost), newest(key)) for key in keys]
+        key = keys[ranks.index(min(ranks))]
+        return key, self.acquire(key, now, cost, max_wait)
+
     def _check_bounded(self, log: KeyLog, now: int, cost: int, slot: int) -> None:
         """The promise of bounded rates, on this very log: a slot from the exact one to
         one bucket later (without calendar rates, whose window ends it could cross)."""

@@ -296,6 +296,41 @@ class Agreement(RuleBasedStateMachine):
         self.lift_ttls(key)
         self.last_wait = expected.slot - self.clock.us
 
+    @rule(
+        keys=st.lists(KEYS, min_size=1, max_size=3, unique=True),
+        cost=st.integers(1, 6),
+        timeout=st.one_of(st.sampled_from([0, None]), st.integers(0, 3_000_000)),
+    )
+    def acquire_any(self, keys: list[str], cost: int, timeout: int | None) -> None:
+        """A pool's call: the key whose slot is earliest, as try_acquire_any (timeout 0)
+        and acquire_any."""
+        seconds = None if timeout is None else timeout / US
+
+        def call(limiter: Any) -> Any:
+            if timeout == 0:
+                return limiter.try_acquire_any(keys, cost)
+            return limiter.acquire_any(keys, cost, seconds)
+
+        if not self._cost_or_raise(cost, call):
+            return
+        # (The stores' horizon: how long a booking still matters, the model's to tell.)
+        horizon = self.limiters["memory"]._plan.quota_at(self.clock()).horizon_us
+        chosen, expected = self.model.acquire_any(
+            keys, self.clock.us, horizon, cost, max_wait=timeout
+        )
+        for name, limiter in self.limiters.items():
+            if expected.allowed or timeout == 0:
+                decision = call(limiter)
+                got = (decision.key, decision.allowed, to_us(decision.slot), decision.remaining)
+                want = (chosen, expected.allowed, expected.slot, expected.remaining)
+                assert got == want, name
+            else:
+                with pytest.raises(ThrottleTimeout) as refused:
+                    call(limiter)
+                assert to_us(refused.value.retry_after) == expected.retry_after, name
+        self.lift_ttls(chosen)
+        self.last_wait = expected.slot - self.clock.us
+
     @rule(key=KEYS, duration=st.one_of(st.sampled_from([0, 1]), st.integers(0, 2_000_000)))
     def pause(self, key: str, duration: int) -> None:
         expected = self.model.pause(key, self.clock.us, duration)

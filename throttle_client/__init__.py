@@ -29,7 +29,7 @@ from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate
 from ._request_key import request_key
 from ._results import Decision, LearnedLimit, RateUsage, UpstreamView, Usage
-from ._routes import RetryPolicy, Route
+from ._routes import RetryPolicy, Route, TokenPool
 from ._transport import (
     AsyncThrottledClient,
     AsyncThrottledTransport,
@@ -90,6 +90,7 @@ __all__ = [
     "ThrottleTimeout",
     "ThrottledClient",
     "ThrottledTransport",
+    "TokenPool",
     "UpstreamView",
     "Usage",
     "UsageHistory",

@@ -15,7 +15,16 @@ import logging
 from datetime import timedelta
 
 from ._backends import leases
-from ._backends.base import Acquire, AcquireAll, Charge, Release, Renew, StoreCard, Verdict
+from ._backends.base import (
+    Acquire,
+    AcquireAll,
+    AcquireAny,
+    Charge,
+    Release,
+    Renew,
+    StoreCard,
+    Verdict,
+)
 from ._calls import ask_flow, execute_flow, introduce_flow, look_flow
 from ._config import US, us_to_seconds
 from ._core import Also, LimiterCore, also_entry
@@ -58,11 +67,14 @@ def acquire_op(
     also: Also = (),
     lease_id: str = "",
     mark: bool = False,
+    pool: tuple[str, ...] = (),
 ) -> Acquire | AcquireAll:
     """The store operation of a call. ``mark``: the answer marks where a limit learned
     from the response would count from (a call of the clients, which read the
-    response's headers)."""
+    response's headers). ``pool``: a pool's call, on one of these keys."""
     mark_us = core._config.margin_us if mark else -1
+    if pool:
+        return core._plan.acquire_any(pool, cost, max_wait_us, now, mark_us)
     if not also and not lease_id:
         return core._plan.acquire(key, cost, max_wait_us, now, mark_us)
     # A stacked call (also=), or a capped one (lease_id: the store keeps its lease
@@ -95,6 +107,7 @@ def _decision(
     waited: float = 0.0,
     late_wakeups: int = 0,
     rates: tuple[Rate, ...] | None = None,
+    key: str | None = None,
 ) -> Decision:
     return Decision(
         allowed=verdict.allowed,
@@ -110,6 +123,7 @@ def _decision(
         if verdict.pause_until_us > verdict.now_us
         else None,
         late_wakeups=late_wakeups,
+        key=key,
         _slot_us=verdict.slot_us,
         _mark=verdict.mark,
         _born=verdict.born,
@@ -127,6 +141,7 @@ def acquire_flow(
     recheck_pause: bool = False,
     also: Also = (),
     lease_id: str = "",
+    pool: tuple[str, ...] = (),
 ) -> Flow[Decision]:
     """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
@@ -146,9 +161,14 @@ def acquire_flow(
 
     ``lease_id``: a capped call (a lease). A key that is full queues it in the store;
     it waits for its grant (the doorbell) and asks again, as long as its wait allows.
+
+    ``pool``: a pool's call (acquire_any), on the one of these keys whose slot is
+    earliest; once answered, it is a call on that key (``Decision.key``), and a call
+    that books again (a pause found while it slept, a late wake-up) chooses again.
     """
     # The transports (recheck_pause) read the response's quota headers: mark for them.
-    op = acquire_op(core, key, cost, max_wait_us, started, also, lease_id, recheck_pause)
+    op = acquire_op(core, key, cost, max_wait_us, started, also, lease_id, recheck_pause, pool)
+    pooled, picked = (op, key) if pool else (None, None)
     planners = [core._plan, *(other._plan for other, *_ in also)]
     rates = (core.rates + tuple(r for other, *_ in also for r in other.rates)) if also else None
     injected = core._config.clock is not None
@@ -174,6 +194,9 @@ def acquire_flow(
             raise
         if not from_store:
             unsent(op, planners)
+        if verdict.chosen >= 0:  # a pool's call: from here on, a call on the key it took
+            assert isinstance(op, AcquireAny)
+            op, picked = op.choice(verdict.chosen), pool[verdict.chosen]
         # on_unavailable's answers are made here, at the end of the call: none came late.
         clock = core._pacing.observe(
             from_store, sent if from_store else now, now, verdict.now_us, timed=not cold
@@ -208,7 +231,9 @@ def acquire_flow(
                 continue
             verdict = verdict._replace(waiting=False)
         if not verdict.allowed:
-            refused = _decision(core, verdict, cost, late_wakeups=late_wakeups, rates=rates)
+            refused = _decision(
+                core, verdict, cost, late_wakeups=late_wakeups, rates=rates, key=picked
+            )
             if core._listeners:
                 kind = REFUSED if refusal else TIMED_OUT
                 core._emit(kind, op.key, cost=cost, retry_after=refused.retry_after)
@@ -268,7 +293,8 @@ def acquire_flow(
                     # (A pause that ends by the slot is one the call was booked after.)
                     if recheck_pause and snap.pause_until_us > verdict.slot_us:
                         log.debug("paused while it slept; queueing again")
-                        op = rebook(op, planners, max_wait_us, started, now, round(2 * rtt * US))
+                        again = pooled or op  # (a pool's call chooses again)
+                        op = rebook(again, planners, max_wait_us, started, now, round(2 * rtt * US))
                         sent = now
                         continue
                 wake = clock.wake_at(slot)  # (what the look said of the clock, too)
@@ -302,7 +328,13 @@ def acquire_flow(
             if core._listeners:
                 core._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
             return _decision(
-                core, verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
+                core,
+                verdict,
+                cost,
+                waited=slept,
+                late_wakeups=late_wakeups,
+                rates=rates,
+                key=picked,
             )
         late_wakeups += 1
         if core._listeners:
@@ -316,7 +348,13 @@ def acquire_flow(
             if core._listeners:
                 core._emit(ADMITTED, op.key, cost=cost, waited=slept, slot=slot)
             return _decision(
-                core, verdict, cost, waited=slept, late_wakeups=late_wakeups, rates=rates
+                core,
+                verdict,
+                cost,
+                waited=slept,
+                late_wakeups=late_wakeups,
+                rates=rates,
+                key=picked,
             )
         log.debug(
             "%.1f ms past its slot (margin %.1f ms): booking a new one",
@@ -325,7 +363,9 @@ def acquire_flow(
         )
         if refusal:  # try_acquire asks once: its late slot is its answer, unused
             late_verdict = verdict._replace(allowed=False)
-            refused = _decision(core, late_verdict, cost, late_wakeups=late_wakeups, rates=rates)
+            refused = _decision(
+                core, late_verdict, cost, late_wakeups=late_wakeups, rates=rates, key=picked
+            )
             if core._listeners:
                 core._emit(REFUSED, op.key, cost=cost, retry_after=refused.retry_after)
             return refused
@@ -333,7 +373,7 @@ def acquire_flow(
         # The new slot lies twice the last round trip ahead, so that its answer is
         # back before it (one due now would be answered too late again), and is
         # slept to.
-        op = rebook(op, planners, max_wait_us, started, now, round(2 * rtt * US))
+        op = rebook(pooled or op, planners, max_wait_us, started, now, round(2 * rtt * US))
         sent = now
 
 
@@ -358,6 +398,7 @@ def waiting_flow(
     recheck_pause: bool = False,
     also: Also = (),
     lease_id: str = "",
+    pool: tuple[str, ...] = (),
 ) -> Flow[Decision]:
     """The flow of an acquire (raising ThrottleTimeout), from local time ``now``."""
     wait = core._config.max_wait_us(timeout)
@@ -371,6 +412,7 @@ def waiting_flow(
         recheck_pause=recheck_pause,
         also=also,
         lease_id=lease_id,
+        pool=pool,
     )
 
 
@@ -382,12 +424,13 @@ def send_flow(
     now: float,
     also: Also = (),
     lease_id: str = "",
+    pool: tuple[str, ...] = (),
 ) -> Flow[Decision]:
     """acquire as the clients built on a limiter use it before each request: a call that
     slept looks for a pause first, and the answer marks where a limit learned from the
     response counts from."""
     return waiting_flow(
-        core, key, cost, timeout, now, recheck_pause=True, also=also, lease_id=lease_id
+        core, key, cost, timeout, now, recheck_pause=True, also=also, lease_id=lease_id, pool=pool
     )
 
 

@@ -231,6 +231,38 @@ class LimiterCore:
             )
         store_of(self._backend()).check_together(store_keys)
 
+    def _pool(self, keys: Sequence[str], method: str) -> tuple[str, ...]:
+        """A pool's keys (acquire_any), checked before anything is sent."""
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            # (Named by its type: a key is a token, which no message may show.)
+            raise TypeError(f"{method}() takes a list of keys, not a {type(keys).__name__}")
+        pool = tuple(keys)
+        if not pool:
+            raise ConfigurationError(f"{method}() needs at least one key: it was given none")
+        for key in pool:
+            if not isinstance(key, str) or not key:
+                raise ConfigurationError(f"{method}() takes non-empty string keys, not {key!r}")
+        if len(set(pool)) != len(pool):
+            twice = next(key for key in pool if pool.count(key) > 1)
+            raise ConfigurationError(
+                f"{method}() was given one key twice (the key labelled "
+                f"{self._plan.label_of(self._plan.store_key(twice))!r}): give each once"
+            )
+        if self.max_concurrent:
+            raise ConfigurationError(
+                f"{method}() books a slot on one of several keys, and this limiter has "
+                "max_concurrent, which counts calls in flight: a pool of capped keys is "
+                "not supported; give the pool a limiter without max_concurrent"
+            )
+        if "pool" not in store_of(self._backend()).features:
+            raise ConfigurationError(
+                f"{type(store_of(self._backend())).__name__} does not keep pools, which "
+                f"{method}() needs: memory, SQLite and Redis do"
+            )
+        if len(pool) > 1:
+            self._together([self._plan.store_key(key) for key in pool])
+        return pool
+
     def _refuse_capped(self, also: Also, method: str) -> None:
         if self._capped(also):
             which = (

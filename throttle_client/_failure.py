@@ -33,6 +33,7 @@ import tenacity
 from ._backends.base import (
     Acquire,
     AcquireAll,
+    AcquireAny,
     Inspect,
     Learn,
     Op,
@@ -196,6 +197,8 @@ class FailureGuard:
                         op, quota=share(op.quota), limit=op.limit // n, from_cum=-1
                     ),
                 )
+            elif isinstance(op, AcquireAny):
+                local = cast(Op[T], dataclasses.replace(op.forgetting(), quota=share(op.quota)))
             elif isinstance(op, Acquire):
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota), expect=-1))
             else:

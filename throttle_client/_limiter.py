@@ -145,6 +145,31 @@ class Limiter(LimiterCore):
         flow = waiting_flow(self, key, cost, timeout, self._local(), also=also)
         return run(flow, self._perform)
 
+    def acquire_any(
+        self, keys: Sequence[str], cost: int = 1, timeout: float | timedelta | None = None
+    ) -> Decision:
+        """:meth:`acquire` on a pool of keys used as one (several tokens of one quota):
+        book the earliest slot among ``keys``, in one atomic step, and sleep until it.
+        ``Decision.key`` says which key the call took, and is charged: each key stays
+        within its own rates and gap, so the pool's throughput is the sum of its keys'.
+        A key paused by its upstream, or booked ahead, is passed over while another has
+        an earlier slot; of equal slots, the key used least lately is taken (so an idle
+        pool spreads its calls over its keys), then the first in ``keys``. On a Redis
+        Cluster the keys must share a hash slot (``tag=``)."""
+        refuse_in_event_loop("Limiter.acquire_any()")
+        pool = self._pool(keys, "acquire_any")
+        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool)
+        return run(flow, self._perform)
+
+    def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
+        """:meth:`try_acquire` on a pool of keys (see :meth:`acquire_any`): admitted on
+        the key whose slot is now, if one is; a refusal names the key whose slot is
+        earliest, and ``retry_after`` is when it is."""
+        refuse_in_event_loop("Limiter.try_acquire_any()")
+        pool = self._pool(keys, "try_acquire_any")
+        flow = acquire_flow(self, pool[0], cost, 0, self._local(), refusal=True, pool=pool)
+        return run(flow, self._perform)
+
     def lease(
         self,
         key: str,
@@ -281,6 +306,20 @@ class AsyncLimiter(LimiterCore):
         """
         self._refuse_capped(also, "acquire")
         flow = waiting_flow(self, key, cost, timeout, self._local(), also=also)
+        return await arun(flow, self._perform)
+
+    async def acquire_any(
+        self, keys: Sequence[str], cost: int = 1, timeout: float | timedelta | None = None
+    ) -> Decision:
+        """See :meth:`Limiter.acquire_any`: ``(await limiter.acquire_any(tokens)).key``."""
+        pool = self._pool(keys, "acquire_any")
+        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool)
+        return await arun(flow, self._perform)
+
+    async def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
+        """See :meth:`Limiter.try_acquire_any`."""
+        pool = self._pool(keys, "try_acquire_any")
+        flow = acquire_flow(self, pool[0], cost, 0, self._local(), refusal=True, pool=pool)
         return await arun(flow, self._perform)
 
     def lease(

@@ -21,7 +21,9 @@ from typing import TypeVar
 from ._backends.base import (
     Acquire,
     AcquireAll,
+    AcquireAny,
     Charge,
+    Choice,
     Inspect,
     Op,
     Pause,
@@ -218,6 +220,27 @@ class Planner:
             history=self.history_of(store_key),
             expect=expect,
             seen=seen,
+        )
+
+    def acquire_any(
+        self, keys: Sequence[str], cost: int, max_wait_us: int, now: float, mark_us: int
+    ) -> AcquireAny:
+        """The operation of a pool's call: one of ``keys``, the one whose slot is earliest."""
+        first, *others = (self.acquire(key, cost, max_wait_us, now, mark_us) for key in keys)
+        return AcquireAny(
+            key=first.key,
+            quota=first.quota,
+            cost=first.cost,
+            max_wait_us=max_wait_us,
+            call_id=first.call_id,
+            now_us=first.now_us,
+            mark_us=mark_us,
+            # (Every key's card that is due: written whichever key the call takes.)
+            cards=first.cards + tuple(card for other in others for card in other.cards),
+            history=first.history,
+            expect=first.expect,
+            seen=first.seen,
+            others=tuple(Choice(o.key, o.expect, o.seen, o.history) for o in others),
         )
 
     def inspect(self, store_key: str, now: float) -> Inspect:

@@ -13,6 +13,7 @@ closed (``Releasing``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -41,10 +42,12 @@ from ._routes import (
     PausesFunc,
     RetryPolicy,
     Route,
+    TokenPool,
     acquire_timeout,
     also_for,
     checked_also,
     checked_pauses,
+    checked_pool,
 )
 
 logger = logging.getLogger("throttle_client")
@@ -99,6 +102,9 @@ class Plan(Generic[L]):
     retryable: bool
     timeout: float | None  # the longest wait for a slot, each attempt's (None: no limit)
     pauses: PausesFunc[L] | None = None  # the route's, else the transport's (see paused)
+    # The route's, else the transport's: the request goes out with the token whose slot
+    # is earliest, and ``key`` is that token once it is admitted (the first before).
+    pool: TokenPool | None = None
 
     @functools.cached_property  # (only a log line asks: most requests never do)
     def label(self) -> str:
@@ -120,6 +126,7 @@ class TransportCore(Generic[L]):
     also: Sequence[AlsoSpec[L]] = ()
     learn: bool = True  # hold a key to quota headers stricter than its rates
     pauses: PausesFunc[L] | None = None  # which limiters a pause holds (None: the own)
+    pool: TokenPool | None = None  # the tokens requests go out with (None: their own)
     _warned: set[str] = field(default_factory=set)
     _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
 
@@ -128,6 +135,7 @@ class TransportCore(Generic[L]):
         self.routes = tuple(self.routes)
         self.also = checked_also(self.also)
         checked_pauses(self.pauses)
+        checked_pool(self.pool)
         if self.limiter is None and not self.routes:
             raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
         partners: list[L] = [spec[0] for spec in self.also]
@@ -143,6 +151,17 @@ class TransportCore(Generic[L]):
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
         self.acquire_timeout = acquire_timeout(self.acquire_timeout, "acquire_timeout")
+        pooled: list[tuple[L | None, bool, TokenPool | None]] = [
+            (self.limiter, bool(self.also), self.pool)
+        ]
+        for route in self.routes:
+            pooled.append((route.limiter, bool(route.also or self.also), route.pool or self.pool))
+        for limiter, also, pool in pooled:
+            if pool is not None and limiter is not None and (also or limiter.max_concurrent):
+                raise ConfigurationError(
+                    f"{transport}: a TokenPool's requests are charged to one token of "
+                    f"{limiter!r} alone; it cannot be combined with also= or max_concurrent"
+                )
 
     def limiters(self) -> list[L]:
         """Every limiter the transport uses (its own, its routes', and their ``also=``
@@ -186,11 +205,12 @@ class TransportCore(Generic[L]):
             timeout = acquire_timeout(
                 request.extensions[ACQUIRE_TIMEOUT], "the request extension acquire_timeout"
             )
-        key = self.key(request)
+        pool = route.pool if route is not None and route.pool is not None else self.pool
+        key = pool.tokens[0] if pool is not None else self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
         host = request.url.host
         route_name = f"{request.method} {host}{route.path if route else ''}"
-        if self.key is request_key and key == host:
+        if pool is None and self.key is request_key and key == host:
             self.warn_missed_credentials(request, route_name)
         return Plan(
             limiter=limiter,
@@ -204,6 +224,7 @@ class TransportCore(Generic[L]):
             and isinstance(request.stream, httpx.ByteStream),
             timeout=timeout,
             pauses=pauses,
+            pool=pool,
         )
 
     def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
@@ -236,10 +257,18 @@ class TransportCore(Generic[L]):
             lease = None
             if capped:  # in flight from admission until the response is closed
                 decision, lease = yield Hold(plan, plan.timeout)
-            else:
+            elif plan.pool is None:
                 decision = yield from send_flow(
                     limiter, plan.key, plan.cost, plan.timeout, now, also=plan.also
                 )
+            else:  # the token whose slot is earliest: it goes on the request
+                pool = plan.pool
+                tokens = tuple(pool.tokens)
+                decision = yield from send_flow(
+                    limiter, plan.key, plan.cost, plan.timeout, now, pool=tokens
+                )
+                plan = dataclasses.replace(plan, key=decision.key or tokens[0])
+                pool.apply(request, plan.key)
             if decision.waited > LONG_WAIT:
                 logger.info(
                     "waited %.1fs for a slot for %s (%s)", decision.waited, plan.route, plan.label

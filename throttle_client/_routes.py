@@ -1,5 +1,5 @@
 """What a throttled transport is told: routes (which limiter, key and cost a request
-has), the other limiters a request is charged to, and the retry policy."""
+has), the other limiters a request is charged to, token pools, and the retry policy."""
 
 from __future__ import annotations
 
@@ -30,6 +30,60 @@ AlsoSpec = tuple[L, KeyFunc] | tuple[L, KeyFunc, int | CostFunc]
 # shares with others, unless the response says it was the account's.
 PausesFunc = Callable[[httpx.Response], Iterable[L] | L | None]
 
+
+def bearer(request: httpx.Request, token: str) -> None:
+    """Send ``request`` with ``token`` as its bearer token (``Authorization: Bearer``)."""
+    request.headers["Authorization"] = f"Bearer {token}"
+
+
+@dataclass(frozen=True)
+class TokenPool:
+    """Tokens of one quota each, used as one (``Limiter.acquire_any``): each request goes
+    out with the token whose slot is earliest, which ``apply`` sets on it (by default as
+    its bearer token). Each token stays within its limiter's rates and gap, and a token
+    its upstream paused is passed over until its pause ends.
+
+    >>> ThrottledTransport(token_limiter, pool=TokenPool(["ghp_a", "ghp_b", "ghp_c"]))
+    >>> def api_key(request, key):
+    ...     request.headers["X-Api-Key"] = key
+    >>> TokenPool(keys, apply=api_key)
+    """
+
+    tokens: Sequence[str]
+    apply: Callable[[httpx.Request, str], None] = bearer
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tokens, (str, bytes)) or not isinstance(self.tokens, Sequence):
+            raise TypeError(f"TokenPool takes a list of tokens, not a {type(self.tokens).__name__}")
+        tokens = tuple(self.tokens)
+        if not tokens or not all(isinstance(t, str) and t for t in tokens):
+            raise ConfigurationError(
+                f"a TokenPool needs one or more non-empty string tokens; it was given "
+                f"{len(tokens)} item(s), of types {sorted({type(t).__name__ for t in tokens})}"
+            )
+        if len(set(tokens)) != len(tokens):
+            raise ConfigurationError(
+                f"a TokenPool was given a token twice (token #{_first_repeat(tokens) + 1}): "
+                "give each once"
+            )
+        if not callable(self.apply):
+            raise TypeError(
+                "TokenPool(apply=) takes a function (request, token) that sets the token "
+                f"on the request, not {self.apply!r}"
+            )
+        object.__setattr__(self, "tokens", tokens)
+
+
+def _first_repeat(items: tuple[str, ...]) -> int:
+    """The place of the first item seen before (never the item itself: a token)."""
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        if item in seen:
+            return index
+        seen.add(item)
+    return -1
+
+
 # The port a URL without one is sent to (httpx reports it as None).
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -44,7 +98,8 @@ class Route(Generic[L]):
     item, an int or a function of the request, charges that key another cost.
     ``methods``: only requests of these HTTP methods match (None: any). ``pauses``: which
     of the request's limiters a pause its response asks for holds (see
-    :class:`ThrottledTransport`); None: the transport's ``pauses``.
+    :class:`ThrottledTransport`); None: the transport's ``pauses``. ``pool``: the route's
+    requests go out with a token of this :class:`TokenPool`; None: the transport's.
 
     >>> search = Limiter(backend, rates=["30/minute"], namespace="github-search")
     >>> Route(search, host="api.github.com", path="/search", also=[(core, request_key)])
@@ -57,12 +112,14 @@ class Route(Generic[L]):
     also: Sequence[AlsoSpec[L]] = ()
     methods: Collection[str] | None = None
     pauses: PausesFunc[L] | None = None
+    pool: TokenPool | None = None
     _name: str | None = field(default=None, init=False, repr=False, compare=False)
     _port: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "also", checked_also(self.also))
         checked_pauses(self.pauses)
+        checked_pool(self.pool)
         if self.methods is not None:
             if not isinstance(self.methods, str):  # a generator is read once, here
                 object.__setattr__(self, "methods", tuple(self.methods))
@@ -182,6 +239,11 @@ def checked_pauses(pauses: object) -> None:
             "pauses= takes a function of the response that returns the limiters a pause "
             f"holds (the request's own, those of also=), not {pauses!r}"
         )
+
+
+def checked_pool(pool: object) -> None:
+    if pool is not None and not isinstance(pool, TokenPool):
+        raise TypeError(f"pool= takes a TokenPool, not {pool!r}")
 
 
 def also_for(spec: AlsoSpec[L], request: httpx.Request, cost: int) -> tuple[L, str, int]:

@@ -30,7 +30,7 @@ from ._request_flow import (
     lease_of,
 )
 from ._request_key import request_key
-from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route
+from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route, TokenPool
 
 # httpx.Client options that configure its default transport: ThrottledClient hands
 # them to the inner transport it builds, so they keep working.
@@ -79,6 +79,11 @@ class ThrottledTransport(httpx.BaseTransport):
     a ``pauses`` that fails is logged; when it names none that counts, the request's
     own key is paused (a pause never holds no key: the retries would go at once).
 
+    ``pool``: a :class:`TokenPool`: each request goes out with the token of the pool
+    whose slot is earliest (:meth:`Limiter.acquire_any`), set on it by the pool, instead
+    of its own key; a retry may take another token, and a 429 pauses the token it was
+    sent with. A route's ``pool`` wins.
+
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you
     (``with client.stream(...)``); a body already in memory ends it at once.
@@ -97,9 +102,10 @@ class ThrottledTransport(httpx.BaseTransport):
         also: Sequence[AlsoSpec[Limiter]] = (),
         learn: bool = True,
         pauses: PausesFunc[Limiter] | None = None,
+        pool: TokenPool | None = None,
     ) -> None:
         self._core = TransportCore(
-            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses
+            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses, pool
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
@@ -164,9 +170,20 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
         learn: bool = True,
         pauses: PausesFunc[AsyncLimiter] | None = None,
+        pool: TokenPool | None = None,
     ) -> None:
         self._core = TransportCore(
-            AsyncLimiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses
+            AsyncLimiter,
+            limiter,
+            routes,
+            key,
+            cost,
+            retry,
+            acquire_timeout,
+            also,
+            learn,
+            pauses,
+            pool,
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
@@ -233,6 +250,7 @@ class ThrottledClient(httpx.Client):
         also: Sequence[AlsoSpec[Limiter]] = (),
         learn: bool = True,
         pauses: PausesFunc[Limiter] | None = None,
+        pool: TokenPool | None = None,
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -249,6 +267,7 @@ class ThrottledClient(httpx.Client):
             also=also,
             learn=learn,
             pauses=pauses,
+            pool=pool,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled
@@ -278,6 +297,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         also: Sequence[AlsoSpec[AsyncLimiter]] = (),
         learn: bool = True,
         pauses: PausesFunc[AsyncLimiter] | None = None,
+        pool: TokenPool | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -294,6 +314,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
             also=also,
             learn=learn,
             pauses=pauses,
+            pool=pool,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled

@@ -13,7 +13,7 @@ from typing import NamedTuple
 # A NamedTuple, not a frozen dataclass: one is made for every decision, and a tuple is
 # built in a fifth of the time (a decision's Python time is on the hot path).
 class Verdict(NamedTuple):
-    """The answer to :class:`Acquire`."""
+    """The answer to :class:`Acquire` (and AcquireAll, AcquireAny)."""
 
     allowed: bool
     now_us: int
@@ -41,6 +41,8 @@ class Verdict(NamedTuple):
     totals: tuple[int, ...] = ()
     # This call found a key of it that had lost its history, and held it (see Acquire).
     lost: bool = False
+    # A pool's call (AcquireAny): the place of the key it took among the pool's; -1: none.
+    chosen: int = -1
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ from .doorbell import Doorbell
 from .ops import (
     Acquire,
     AcquireAll,
+    AcquireAny,
     Charge,
+    Choice,
     Fingerprint,
     Inspect,
     Learn,
@@ -53,10 +55,12 @@ __all__ = [
     "FEATURES",
     "Acquire",
     "AcquireAll",
+    "AcquireAny",
     "AsyncBackend",
     "Backend",
     "Buckets",
     "Charge",
+    "Choice",
     "Fingerprint",
     "InlineAsync",
     "Inspect",
@@ -112,14 +116,25 @@ def _checked(store_key: str) -> str:
 
 # What a store may do beyond the plain decision (Acquire, Inspect, Pause, Reset), each a
 # feature a limiter opts into: "leases" (max_concurrent: Renew, Release, a lease id with
-# AcquireAll), "stacked" (also=: AcquireAll), "calendar" and "bounded" (rates of those
-# kinds in a Quota), "learned" (Learn), "history" (ReadHistory, Acquire.history), "cards"
-# (Acquire.cards and the like, cards(), all_cards()), "records" (fingerprint()). A store
+# AcquireAll), "stacked" (also=: AcquireAll), "pool" (acquire_any: AcquireAny), "calendar"
+# and "bounded" (rates of those kinds in a Quota), "learned" (Learn), "history"
+# (ReadHistory, Acquire.history), "cards" (Acquire.cards and the like, cards(),
+# all_cards()), "records" (fingerprint()). A store
 # declares those it keeps in ``features``: a limiter that needs one it lacks is refused
 # when it is made, naming it, and one it could do without (cards, records, learned) is
 # never sent.
 FEATURES = frozenset(
-    {"leases", "stacked", "calendar", "bounded", "learned", "history", "cards", "records"}
+    {
+        "leases",
+        "stacked",
+        "pool",
+        "calendar",
+        "bounded",
+        "learned",
+        "history",
+        "cards",
+        "records",
+    }
 )
 
 

@@ -36,9 +36,10 @@ from typing import Any, Protocol, TypeVar, cast
 from . import sliding_log
 from .answers import Snapshot, Verdict
 from .log_view import LogView
-from .ops import AcquireAll, Charge, Inspect, Op, Release, Renew, Reset
+from .ops import Acquire, AcquireAll, AcquireAny, Charge, Inspect, Op, Release, Renew, Reset
 
 T = TypeVar("T")
+L = TypeVar("L", bound=LogView)
 
 
 class LeaseView(Protocol):
@@ -88,7 +89,16 @@ def log_keys(op: Op[Any]) -> list[str]:
     """The keys whose logs ``op`` reads, in order (none: it touches leases only)."""
     if isinstance(op, (Release, Renew)):
         return []
+    if isinstance(op, AcquireAny):
+        return list(op.keys)
     return [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
+
+
+def narrowed(op: AcquireAny, logs: Sequence[L], now: int) -> tuple[int, Acquire, L]:
+    """A pool's call as the plain acquire it makes (``sliding_log.choose``): the place of
+    the key it takes, that key's :class:`Acquire`, and its log."""
+    index = sliding_log.choose(logs, op, now)
+    return index, op.choice(index), logs[index]
 
 
 def execute(

@@ -10,12 +10,14 @@ from typing import Any, TypeVar, cast
 
 from .._cards import Disagreements
 from . import beside, history, leases
+from .answers import Verdict
 from .base import Backend, InlineAsync, host_clock
 from .beside import kept_record
 from .coarse import Coarse
 from .expiries import Expiring, GivenTimes
 from .ops import (
     RECORD_TTL_US,
+    AcquireAny,
     Op,
     ReadHistory,
     namespace_prefix,
@@ -261,17 +263,23 @@ class MemoryBackend(Backend):
             fields, expires = self._history.get(op.key, ({}, 0))
             return cast(T, dict(fields) if expires > now else {})
         keys = leases.log_keys(op)
-        logs = [self._log(key, now) for key in keys]
-        counts = history.counts(op, logs[0]) if logs else False
+        opened = logs = [self._log(key, now) for key in keys]
+        chosen, run = -1, cast(Op[Any], op)
+        if isinstance(op, AcquireAny):  # a pool's call: the plain acquire it makes
+            chosen, run, log = leases.narrowed(op, opened, now)
+            logs = [log]
+        counts = history.counts(run, logs[0]) if logs else False
         touched: list[str] = []
 
         def view(key: str) -> _MemoryLeases:
             touched.append(key)
             return self._leases.setdefault(key, _MemoryLeases())
 
-        result = leases.execute(op, logs, view, now, granted)
-        beside.write(op, result, logs, counts, now, self._beside, self._disagree)
-        for key, log in zip(keys, logs, strict=True):
+        result: T = leases.execute(run, logs, view, now, granted)
+        beside.write(run, result, logs, counts, now, self._beside, self._disagree)
+        if chosen >= 0:
+            result = cast(T, cast(Verdict, result)._replace(chosen=chosen))
+        for key, log in zip(keys, opened, strict=True):
             if (
                 not log.times
                 and log.pause_until <= now

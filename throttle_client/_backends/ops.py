@@ -7,6 +7,7 @@ backend never sees an access token. An ``Op[T]`` is answered by a ``T``
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +76,68 @@ class Acquire(Op[Verdict]):
     expect: int = -1
     seen: int = -1
     retry: bool = False
+
+
+class Choice(NamedTuple):
+    """A key of a pool other than the first (:class:`AcquireAny`): what differs from
+    the first's :class:`Acquire` fields."""
+
+    key: str
+    expect: int = -1
+    seen: int = -1
+    history: tuple[HistorySpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class AcquireAny(Acquire):
+    """:class:`Acquire` on one of several keys of one quota (a pool of tokens): the key
+    whose slot is earliest (of equal ones, the one whose newest booking is the oldest,
+    then the first), booked in that key's log alone, in one atomic step with the choice. The Acquire fields are the first key's, and the
+    call's (the cost, the wait, the call id); ``others`` the other keys'. The answer says
+    which key it took (``Verdict.chosen``, 0 for the first), and is that key's
+    :class:`Acquire` answer; a ``retry`` takes the key whose log holds its id. The
+    ``cards`` are every key's that are due, written whatever the choice."""
+
+    others: tuple[Choice, ...] = ()
+
+    def __post_init__(self) -> None:
+        keys = self.keys
+        if len(set(keys)) != len(keys):
+            raise ConfigurationError(
+                f"a pool holds one key twice (store keys {list(keys)}): give each token once"
+            )
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *(other.key for other in self.others))
+
+    def choice(self, index: int) -> Acquire:
+        """The plain :class:`Acquire` of the ``index``-th key, as the store runs it."""
+        if index == 0:
+            key, expect, seen, history = self.key, self.expect, self.seen, self.history
+        else:
+            key, expect, seen, history = self.others[index - 1]
+        return Acquire(
+            key=key,
+            quota=self.quota,
+            cost=self.cost,
+            max_wait_us=self.max_wait_us,
+            call_id=self.call_id,
+            now_us=self.now_us,
+            lead_us=self.lead_us,
+            mark_us=self.mark_us,
+            cards=self.cards,
+            history=history,
+            expect=expect,
+            seen=seen,
+            retry=self.retry,
+        )
+
+    def forgetting(self) -> AcquireAny:
+        """This call as a store that is not the one its keys' lives were seen in runs it
+        (``on_unavailable``'s local store): expecting no life of any key."""
+        others = tuple(other._replace(expect=-1, seen=-1) for other in self.others)
+        return dataclasses.replace(self, expect=-1, seen=-1, others=others)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,17 @@ from redis._parsers.base import BaseParser
 from .._cards import Disagreements
 from .._errors import BackendError
 from .answers import Snapshot, Verdict
-from .ops import Acquire, AcquireAll, Fingerprint, Inspect, Op, Pause, ReadHistory, Renew
+from .ops import (
+    Acquire,
+    AcquireAll,
+    AcquireAny,
+    Fingerprint,
+    Inspect,
+    Op,
+    Pause,
+    ReadHistory,
+    Renew,
+)
 from .redis_codec import alone, as_text, declared
 from .redis_errors import translate
 from .repair import RepairNotice
@@ -40,17 +50,21 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     if isinstance(op, ReadHistory):  # "field count field count ...": no number is lost
         pairs = zip(words[::2], words[1::2], strict=True)
         return cast(T, {as_text(name): int(n) for name, n in pairs})
+    chosen = -1
+    if isinstance(op, AcquireAny):  # "any:<n>": the n-th key of the pool, which it took
+        chosen = int(words.pop(0)[4:]) - 1
     part = _REPAIRED.get(words[0])
     if part is not None:
         del words[0]
         if notice is not None:
             notice(op.key, part)
-    elif isinstance(op, AcquireAll) and words[0][:9] in (b"repaired:", "repaired:"):
-        # "repaired:<part>:<n>": the n-th key of the stacked call.
+    elif isinstance(op, (AcquireAll, AcquireAny)) and words[0][:9] in (b"repaired:", "repaired:"):
+        # "repaired:<part>:<n>": the n-th key of the stacked call, or of the pool.
         word = words.pop(0)
         _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
+        named = op.keys if isinstance(op, AcquireAny) else [c.key for c in op.charges]
         if notice is not None:
-            notice(op.charges[int(index) - 1].key, part)
+            notice(named[int(index) - 1], part)
     lost = words[0] in (b"lost", "lost")  # (after any repair: see Verdict.lost)
     if lost:
         del words[0]
@@ -86,6 +100,7 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
             lives=tuple(ends[0::2]),
             totals=tuple(ends[1::2]),
             lost=lost,
+            chosen=chosen,
         )
         return cast(T, verdict)
     if isinstance(op, Renew):

@@ -17,6 +17,7 @@ from .history import HistorySpec
 from .ops import (
     Acquire,
     AcquireAll,
+    AcquireAny,
     Fingerprint,
     Inspect,
     Learn,
@@ -152,6 +153,8 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
         if leased:
             return keys, (b"lease", marks, now, wait, call, lead, op.lease_id, *per_key)
         return keys, (b"acquire_all", marks, now, wait, call, lead, *per_key)
+    if isinstance(op, AcquireAny):
+        return _any(op, now, queued_us)
     assert isinstance(op, (Acquire, Inspect, Pause, Learn))
     keys, quota = redis_keys(op.key), quota_arg(op.quota)
     if isinstance(op, Acquire):
@@ -183,6 +186,24 @@ def encode(op: Op[Any], queued_us: int = 0) -> tuple[tuple[bytes, ...], tuple[by
     if op.quota.max_concurrent:  # it counts the calls in flight and waiting too
         keys += lease_keys(op.key)
     return keys, (b"inspect", quota, now)
+
+
+def _any(
+    op: AcquireAny, now: bytes, queued_us: int
+) -> tuple[tuple[bytes, ...], tuple[bytes | str, ...]]:
+    """A pool's call: what its keys share once (the quota, the call, its usage history's
+    periods), then what each key's log knows of its life; KEYS: each key's log and meta,
+    and its usage history when kept."""
+    spec = op.history[0] if op.history else None
+    kept = _history_args(spec) if spec else ()
+    keys: tuple[bytes, ...] = ()
+    expects = [_expected(op.expect, op.seen)]
+    for key in op.keys:
+        keys += redis_keys(key) + ((history_key(key),) if spec else ())
+    expects += [_expected(other.expect, other.seen) for other in op.others]
+    call = (b"%d" % op.cost, _wait(op.max_wait_us, queued_us), _call(op.call_id, op.retry))
+    marks = (b"%d" % op.lead_us, b"%d" % op.mark_us, b"%d" % len(kept))
+    return keys, (b"acquire_any", quota_arg(op.quota), now, *call, *marks, *kept, *expects)
 
 
 def _expected(born: int, seen: int) -> bytes:

@@ -35,7 +35,7 @@ from .calendar_windows import (
 )
 from .coarse import Counts, coarse_of, coarse_rates, counted_before, counts
 from .log_view import LogView
-from .ops import Acquire, AcquireAll, Charge, Inspect, Learn, Op, Pause, Reset
+from .ops import Acquire, AcquireAll, AcquireAny, Charge, Inspect, Learn, Op, Pause, Reset
 from .quota import Buckets, Period, Quota, Windows
 
 T = TypeVar("T")
@@ -229,6 +229,30 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     born = logs[0].born if marked >= 0 else -1
     verdict = Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
     return told(verdict, logs, lost)
+
+
+def choose(logs: Sequence[LogView], op: AcquireAny, now: int) -> int:
+    """Which key of a pool's call (:class:`AcquireAny`, over the logs of its keys, in
+    order) it books: for a retry, the one whose log holds its id; else the one whose
+    slot is earliest, and of equal slots the one used least lately (its newest booking
+    the oldest, so that a pool spreads its calls over its keys; one past the horizon,
+    which a store may have forgotten, counts as none), then the first. A key whose
+    windows the call did not give (Stale) is taken at once: its answer asks for them."""
+    if op.retry:
+        for index, log in enumerate(logs):
+            if log.slot_of(op.call_id) is not None:
+                return index
+    best, best_rank, horizon = 0, (-1, -1), op.quota.horizon_us
+    for index, log in enumerate(logs):
+        try:
+            slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
+        except Stale:
+            return index
+        last = log.last
+        rank = (slot, last if last is not None and last + horizon > now else -1)
+        if index == 0 or rank < best_rank:
+            best, best_rank = index, rank
+    return best
 
 
 def remaining_all(

@@ -34,6 +34,7 @@ from .ops import (
     RECORD_TTL_US,
     Acquire,
     AcquireAll,
+    AcquireAny,
     Fingerprint,
     Inspect,
     Learn,
@@ -217,13 +218,19 @@ class SQLiteBackend(Backend):
         granted: list[str] = []
         with transaction(db, "BEGIN IMMEDIATE" if writable else "BEGIN"):
             now = op.time_us(self._clock)
-            logs = self._logs(db, op, now, repaired, writable=writable)
-            counts = history.counts(op, logs[0]) if logs else False
-            result = leases.execute(op, logs, lambda key: SQLiteLeases(db, key), now, granted)
+            opened = logs = self._logs(db, op, now, repaired, writable=writable)
+            chosen, run = -1, cast(Op[Any], op)
+            if isinstance(op, AcquireAny):  # a pool's call: the plain acquire it makes
+                chosen, run, log = leases.narrowed(op, opened, now)
+                logs = [log]
+            counts = history.counts(run, logs[0]) if logs else False
+            result = leases.execute(run, logs, lambda key: SQLiteLeases(db, key), now, granted)
+            if chosen >= 0:
+                result = result._replace(chosen=chosen)
             if writable:
-                for log in logs:
+                for log in opened:
                     log.save()
-                beside.write(op, result, logs, counts, now, SQLiteBeside(db), self._disagree)
+                beside.write(run, result, logs, counts, now, SQLiteBeside(db), self._disagree)
                 trusted = self._times.may_forget(op.now_us)  # (first: it notes a given time)
                 if conn.ops % _SWEEP_EVERY == 0 and trusted:
                     _sweep(db, now)
@@ -243,6 +250,8 @@ class SQLiteBackend(Backend):
         parts: list[tuple[str, Quota | None]]
         if isinstance(op, AcquireAll):  # a stacked acquire: every key's log at once
             parts = [(c.key, c.quota) for c in op.charges]
+        elif isinstance(op, AcquireAny):  # a pool's call: every key's, to choose one
+            parts = [(key, op.quota) for key in op.keys]
         elif isinstance(op, (Release, Renew)):  # leases only: no log is read
             parts = []
         else:

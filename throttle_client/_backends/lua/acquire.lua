@@ -82,6 +82,59 @@ local function op_acquire(k, q, keys, argv)
   return answer(out)
 end
 
+-- acquire_any: a pool's call (ops.AcquireAny), booked as an acquire on the one of its keys
+-- whose slot is earliest, of equal ones the one used least lately (a booking past the
+-- horizon counts as none), then the first (a retry's: the one holding its id;
+-- sliding_log.choose).
+-- ARGV: QUOTA NOW COST WAIT CALL LEAD MARK, the number of history arguments and those
+-- (its keys share them), then each key's EXPECT; KEYS: each key's L, M (and history).
+-- The reply is that acquire's, led by "any:<place of the key, from 1>".
+local function op_acquire_any(keys, argv)
+  local q, problem = read_quota(argv[2])
+  if not q then return fail(problem) end
+  local cost, lead, nh = whole(argv[4], 1), whole(argv[7], 0), whole(argv[9], 0)
+  local id, retry = read_id(argv[6])
+  if not cost or not lead or not nh then return fail('bad acquire_any') end
+  if not id then return fail('missing or bad call id') end
+  problem = check_cost(q, cost)
+  if problem then return fail(problem) end
+  local per, first = nh > 0 and 3 or 2, 10 + nh
+  local n = #argv - first + 1
+  if n < 1 or #keys ~= per * n then return fail('bad keys for acquire_any') end
+  local ks = {}
+  for i = 1, n do
+    ks[i], problem = open(keys[per * i - per + 1], keys[per * i - per + 2], q, i)
+    if not ks[i] then return fail(problem) end
+  end
+  local best
+  if retry then
+    for i = 1, n do
+      if booked(ks[i], id) then best = i; break end
+    end
+  end
+  if not best then
+    local best_slot, best_last
+    for i = 1, n do
+      local slot = earliest_slot(ks[i], cost)
+      if not slot then best = i; break end -- (stale: its answer asks for the windows)
+      if slot < now + lead then slot = now + lead end
+      local last = ks[i].last
+      if last + q.horizon <= now then last = -1 end
+      if not best_slot or slot < best_slot or (slot == best_slot and last < best_last) then
+        best, best_slot, best_last = i, slot, last
+      end
+    end
+  end
+  local at = per * (best - 1)
+  local sub_keys = {keys[at + 1], keys[at + 2], nh > 0 and keys[at + 3] or nil}
+  local sub_argv = {'acquire', argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], argv[8],
+                    argv[first + best - 1]}
+  for j = 1, nh do sub_argv[9 + j] = argv[9 + j] end
+  local answer = op_acquire(ks[best], q, sub_keys, sub_argv)
+  if type(answer) ~= 'string' then return answer end -- (an error)
+  return 'any:' .. best .. ' ' .. answer
+end
+
 -- acquire_all, lease: one call charged to several keys, or a capped call.
 local function op_acquire_all(keys, argv, op)
   -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost,

@@ -1,0 +1,297 @@
+"""A pool of tokens used as one: ``acquire_any`` books the earliest slot among several keys
+of one quota, in one atomic step, and says which key it took; ``TokenPool`` puts that
+key on a request. Every store (memory, SQLite, Redis, Cluster), sync and async; the
+random sequences against the reference model are in test_model.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from throttle_client import (
+    AsyncLimiter,
+    AsyncThrottledTransport,
+    ConfigurationError,
+    Limiter,
+    MemoryBackend,
+    Route,
+    ThrottledTransport,
+    TokenPool,
+)
+from throttle_client._backends.base import AcquireAny, Choice, Inspect, Quota
+from throttle_client.testing import FakeClock
+
+TOKENS = ["tok-a", "tok-b", "tok-c"]
+
+
+def pooled(make_limiter: Callable[..., Any], **options: Any) -> tuple[Any, FakeClock]:
+    """A limiter whose keys share one hash slot (a pool's call is one atomic step, which a
+    Cluster can take only on keys of one slot), and its clock."""
+    clock = FakeClock()
+    options.setdefault("rates", ["2/second"])
+    limiter = make_limiter(clock=clock, tag=lambda key: "pool", **options)
+    return limiter, clock
+
+
+def test_a_pool_takes_the_earliest_slot_among_its_keys(make_limiter: Any) -> None:
+    """Of equal slots the first key is taken, so an idle pool's calls go to each key in
+    turn; each key keeps its own rate and gap, and the pool's calls add up to the sum of
+    its keys' (2 per second each: 6 per second from three)."""
+    limiter, clock = pooled(make_limiter, min_interval=0.1)
+    start = clock()
+    taken = [
+        (d.key, round(d.slot - start, 6)) for d in (limiter.acquire_any(TOKENS) for _ in range(12))
+    ]
+    assert taken == [
+        ("tok-a", 0.0), ("tok-b", 0.0), ("tok-c", 0.0),
+        ("tok-a", 0.1), ("tok-b", 0.1), ("tok-c", 0.1),
+        ("tok-a", 1.0), ("tok-b", 1.0), ("tok-c", 1.0),
+        ("tok-a", 1.1), ("tok-b", 1.1), ("tok-c", 1.1),
+    ]  # fmt: skip
+    assert round(clock() - start, 6) == 1.1  # each call slept until its slot
+    for token in TOKENS:  # charged to the key it took, and to no other
+        assert limiter.usage(token).rates[0].used == 2
+
+
+def test_a_paused_key_is_passed_over_until_its_pause_ends(make_limiter: Any) -> None:
+    limiter, clock = pooled(make_limiter, min_interval=0.1)
+    limiter.pause("tok-a", 5)
+    start = clock()
+    taken = [limiter.acquire_any(TOKENS).key for _ in range(4)]
+    assert taken == ["tok-b", "tok-c", "tok-b", "tok-c"]
+    assert round(clock() - start, 6) == 0.1  # (b and c's second slots: their gap)
+    clock.advance(5)
+    assert limiter.acquire_any(TOKENS).key == "tok-a"
+
+
+def test_try_acquire_any_refuses_with_the_key_that_frees_first(make_limiter: Any) -> None:
+    limiter, clock = pooled(make_limiter, rates=["1/second"])
+    assert [limiter.try_acquire_any(TOKENS).key for _ in range(2)] == ["tok-a", "tok-b"]
+    clock.advance(0.25)
+    assert limiter.try_acquire_any(TOKENS).key == "tok-c"
+    refused = limiter.try_acquire_any(TOKENS)
+    assert (refused.allowed, refused.key, round(refused.retry_after, 6)) == (False, "tok-a", 0.75)
+    clock.advance(0.75)  # the refusal booked nothing: a's slot is free at once
+    admitted = limiter.try_acquire_any(TOKENS)
+    assert (admitted.allowed, admitted.key) == (True, "tok-a")
+
+
+def test_acquire_any_times_out_booking_nothing(make_limiter: Any) -> None:
+    from throttle_client import ThrottleTimeout
+
+    limiter, _ = pooled(make_limiter, rates=["1/second"])
+    for _ in range(3):
+        limiter.acquire_any(TOKENS)
+    with pytest.raises(ThrottleTimeout) as timed_out:
+        limiter.acquire_any(TOKENS, timeout=0.5)
+    assert round(timed_out.value.retry_after, 6) > 0.5
+    assert [limiter.usage(t).rates[0].booked for t in TOKENS] == [0, 0, 0]
+
+
+def test_a_retried_pool_call_gets_back_the_slot_it_booked(every_store: Any) -> None:
+    """A retry (its answer lost, the same call sent again) finds its id in whichever
+    key's log holds it, and books nothing more, on every store."""
+    quota = Quota(limits=((2, 1_000_000),), min_interval_us=100_000)
+    keys = ("pool:{p}a", "pool:{p}b", "pool:{p}c")
+    now = 1_700_000_000_000_000
+
+    def call(call_id: str, retry: bool = False) -> Any:
+        op = AcquireAny(
+            key=keys[0],
+            quota=quota,
+            cost=1,
+            max_wait_us=-1,
+            call_id=call_id,
+            now_us=now,
+            retry=retry,
+            others=tuple(Choice(key) for key in keys[1:]),
+        )
+        return every_store.execute(op)
+
+    first = [call(f"{n:012x}") for n in range(4)]
+    assert [(v.chosen, v.slot_us - now) for v in first] == [
+        (0, 0), (1, 0), (2, 0), (0, 100_000)
+    ]  # fmt: skip
+    again = call(f"{2:012x}", retry=True)
+    assert (again.allowed, again.chosen, again.slot_us) == (True, 2, now)
+    snapshots = [every_store.execute(Inspect(key, quota, now_us=now)) for key in keys]
+    # One call at now on each key, and a's second 100 ms on: nothing booked twice.
+    assert [(s.used[0], s.booked) for s in snapshots] == [(1, 1), (1, 0), (1, 0)]
+
+
+def test_a_pool_on_a_cluster_needs_its_keys_in_one_slot(
+    every_store: Any, request: pytest.FixtureRequest
+) -> None:
+    """A Cluster refuses, before anything is sent, a pool whose keys lie in several hash
+    slots; given ``tag=``, its keys share one, and the pool works on every store."""
+    limiter = Limiter(every_store, rates=["5/second"], clock=FakeClock(), sleep=lambda s: None)
+    if request.node.callspec.params["every_store"] == "cluster":
+        with pytest.raises(ConfigurationError, match=r"hash slot|tag"):
+            limiter.acquire_any(TOKENS)
+    else:
+        assert limiter.acquire_any(TOKENS).key == "tok-a"
+    tagged = Limiter(
+        every_store,
+        rates=["5/second"],
+        namespace="tagged",
+        tag=lambda key: "pool",
+        clock=FakeClock(),
+        sleep=lambda s: None,
+    )
+    assert tagged.acquire_any(TOKENS).key == "tok-a"
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "words"),
+    [
+        ("tok-a", TypeError, "a list of keys, not a str"),
+        ([], ConfigurationError, "at least one key"),
+        (["tok-a", ""], ConfigurationError, "non-empty string keys, not ''"),
+        (["tok-a", 7], ConfigurationError, "not 7"),
+        (["tok-a", "tok-b", "tok-a"], ConfigurationError, "one key twice"),
+    ],
+)
+def test_a_bad_pool_is_refused_before_anything_is_sent(
+    keys: Any, error: type[Exception], words: str
+) -> None:
+    backend = MemoryBackend()
+    limiter = Limiter(backend, rates=["5/second"])
+    with pytest.raises(error, match=words) as raised:
+        limiter.acquire_any(keys)
+    assert "tok-a" not in str(raised.value)  # (a key is a token: no message shows one)
+    assert backend._logs == {}
+
+
+def test_a_pool_of_capped_keys_is_refused() -> None:
+    limiter = Limiter(MemoryBackend(), rates=["5/second"], max_concurrent=2)
+    with pytest.raises(ConfigurationError, match="max_concurrent"):
+        limiter.acquire_any(TOKENS)
+
+
+def test_a_store_without_pools_is_named() -> None:
+    class NoPools(MemoryBackend):
+        features = MemoryBackend.features - {"pool"}
+
+    limiter = Limiter(NoPools(), rates=["5/second"])
+    with pytest.raises(ConfigurationError, match="NoPools does not keep pools"):
+        limiter.try_acquire_any(TOKENS)
+
+
+# -- the transports ----------------------------------------------------------------------
+
+
+def through_pool(
+    mode: str, statuses: list[int], requests: int, **pool: Any
+) -> tuple[list[str], Any, float]:
+    """``requests`` GETs through a transport with a pool of TOKENS (2 per second each)
+    against an upstream that answers ``statuses`` in turn (then 200; a 429 says
+    Retry-After: 5). Returns the credentials each request arrived with, the limiter and
+    how long the requests took on the fake clock."""
+    clock = FakeClock()
+    arrived: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        arrived.append(request.headers.get("Authorization") or request.headers["X-Api-Key"])
+        status = statuses.pop(0) if statuses else 200
+        return httpx.Response(status, headers={"Retry-After": "5"} if status == 429 else {})
+
+    url = "https://api.example.com/items"
+    if mode == "sync":
+        limiter: Any = Limiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.sleep)
+        transport: Any = ThrottledTransport(
+            limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, **pool)
+        )
+        with httpx.Client(transport=transport) as client:
+            for _ in range(requests):
+                client.get(url)
+        return arrived, limiter, clock() - 1_700_000_000.0
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=transport) as client:
+            for _ in range(requests):
+                await client.get(url)
+
+    limiter = AsyncLimiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.asleep)
+    transport = AsyncThrottledTransport(
+        limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, **pool)
+    )
+    asyncio.run(run())
+    return arrived, limiter, clock() - 1_700_000_000.0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_transport_sends_each_request_with_the_pools_earliest_token(mode: str) -> None:
+    arrived, _, took = through_pool(mode, [], 6)
+    assert arrived == [f"Bearer {t}" for t in TOKENS * 2]
+    assert took == 0.0  # six requests, three tokens of 2 per second: none waited
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_429_pauses_its_token_and_the_retry_takes_another(mode: str) -> None:
+    arrived, limiter, took = through_pool(mode, [429], 3)
+    # a's 429: its retry goes at once with b; then c, then b again (a is paused for 5 s)
+    assert arrived == ["Bearer tok-a", "Bearer tok-b", "Bearer tok-c", "Bearer tok-b"]
+    assert took == 0.0
+    usage = limiter.usage("tok-a")
+    if mode == "async":
+        usage = asyncio.run(usage)
+    assert round(usage.paused_for, 6) == 5.0
+
+
+@pytest.mark.parametrize("mode", ["sync"])
+def test_a_pool_may_put_its_token_elsewhere(mode: str) -> None:
+    def api_key(request: httpx.Request, token: str) -> None:
+        request.headers["X-Api-Key"] = token
+
+    arrived, _, _ = through_pool(mode, [], 2, apply=api_key)
+    assert arrived == ["tok-a", "tok-b"]
+
+
+def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
+    seen: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Authorization"])
+        return httpx.Response(200)
+
+    limiter = Limiter(MemoryBackend(), rates=["2/second"])
+    search = Limiter(limiter.backend, rates=["2/second"], namespace="search")
+    transport = ThrottledTransport(
+        limiter,
+        routes=[Route(search, path="/search", pool=TokenPool(["s-1", "s-2"]))],
+        pool=TokenPool(TOKENS),
+        transport=httpx.MockTransport(upstream),
+    )
+    with httpx.Client(transport=transport) as client:
+        client.get("https://api.example.com/search/code")
+        client.get("https://api.example.com/items")
+    assert seen == ["Bearer s-1", "Bearer tok-a"]
+    account = Limiter(limiter.backend, rates=["9/second"], namespace="account")
+    with pytest.raises(ConfigurationError, match="TokenPool"):
+        ThrottledTransport(limiter, pool=TokenPool(TOKENS), also=[(account, lambda r: "acct")])
+    capped = Limiter(limiter.backend, rates=["2/second"], namespace="capped", max_concurrent=1)
+    with pytest.raises(ConfigurationError, match="max_concurrent"):
+        ThrottledTransport(routes=[Route(capped, pool=TokenPool(TOKENS))])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "apply", "error", "words"),
+    [
+        ("tok-a", None, TypeError, "a list of tokens, not a str"),
+        ([], None, ConfigurationError, "one or more non-empty string tokens"),
+        (["tok-a", "tok-a"], None, ConfigurationError, r"token twice \(token #2\)"),
+        (["tok-a"], "header", TypeError, "function"),
+    ],
+)
+def test_a_bad_token_pool_is_refused_naming_no_token(
+    tokens: Any, apply: Any, error: type[Exception], words: str
+) -> None:
+    options = {} if apply is None else {"apply": apply}
+    with pytest.raises(error, match=words) as raised:
+        TokenPool(tokens, **options)
+    if isinstance(tokens, list):
+        assert "tok-a" not in str(raised.value)
