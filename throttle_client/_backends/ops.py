@@ -92,9 +92,10 @@ class Choice(NamedTuple):
 class AcquireAny(Acquire):
     """:class:`Acquire` on one of several keys of one quota (a pool of tokens): the key
     whose slot is earliest (of equal ones, the one whose newest booking is the oldest,
-    then the first), booked in that key's log alone, in one atomic step with the choice. The Acquire fields are the first key's, and the
-    call's (the cost, the wait, the call id); ``others`` the other keys'. The answer says
-    which key it took (``Verdict.chosen``, 0 for the first), and is that key's
+    then the first; ``sliding_log.choose``), booked in that key's log alone, in one
+    atomic step with the choice. The Acquire fields are the first key's, and the call's
+    (the cost, the wait, the call id); ``others`` the other keys'. The answer says which
+    key it took (``Verdict.chosen``, 0 for the first), and is that key's
     :class:`Acquire` answer; a ``retry`` takes the key whose log holds its id. The
     ``cards`` are every key's that are due, written whatever the choice."""
 
