@@ -50,6 +50,11 @@ EXPECTED = {
         "refused by the API (429): 0",
         "OK: both quotas of every token were honoured",
     ],
+    "token_pool.py": [
+        "8 threads, 40 tokens of 4/s (>= 0.1s apart)",
+        "refused by the API (429): 0",
+        "OK: the pool used its tokens' quota as one",
+    ],
     "calendar_quota.py": [
         "Sun 08 Mar        40     23  00:00:00.050   Mon 09 Mar 00:00 PDT",
         "refused by the API (429): 0",
