@@ -150,8 +150,9 @@ def test_a_pool_on_a_cluster_needs_its_keys_in_one_slot(
     [
         ("tok-a", TypeError, "a list of keys, not a str"),
         ([], ConfigurationError, "at least one key"),
-        (["tok-a", ""], ConfigurationError, "non-empty string keys, not ''"),
-        (["tok-a", 7], ConfigurationError, "not 7"),
+        (["tok-a", ""], ConfigurationError, "non-empty string keys, not an empty string"),
+        (["tok-a", 7], ConfigurationError, "not a int value"),
+        (["tok-a", b"tok-b"], ConfigurationError, "not a bytes value"),
         (["tok-a", "tok-b", "tok-a"], ConfigurationError, "one key twice"),
     ],
 )

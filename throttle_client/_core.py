@@ -33,6 +33,9 @@ from ._results import UpstreamView
 
 log = logging.getLogger("throttle_client")
 
+# The pools (acquire_any) a limiter remembers as checked: the newest this many.
+POOLS_KEPT = 64
+
 # The other limiters a stacked call is charged to, each with its key, and the cost
 # charged to it when that is not the call's own.
 Also = Sequence[tuple["LimiterCore", str] | tuple["LimiterCore", str, int]]
@@ -114,6 +117,7 @@ class LimiterCore:
         self._upstream: OrderedDict[str, UpstreamView] = OrderedDict()
         self._told_looser = False
         self._told_headers: set[str] = set()
+        self._pools: OrderedDict[tuple[str, ...], None] = OrderedDict()  # checked (_pool)
         for problem in config.doubtful():
             log.warning("%r: %s", self, problem)
         self.backend = store
@@ -241,7 +245,10 @@ class LimiterCore:
             raise ConfigurationError(f"{method}() needs at least one key: it was given none")
         for key in pool:
             if not isinstance(key, str) or not key:
-                raise ConfigurationError(f"{method}() takes non-empty string keys, not {key!r}")
+                what = "an empty string" if key == "" else f"a {type(key).__name__} value"
+                raise ConfigurationError(f"{method}() takes non-empty string keys, not {what}")
+        if pool in self._pools:  # (checked before: a fleet asks with the same pool again)
+            return pool
         if len(set(pool)) != len(pool):
             twice = next(key for key in pool if pool.count(key) > 1)
             raise ConfigurationError(
@@ -261,6 +268,9 @@ class LimiterCore:
             )
         if len(pool) > 1:
             self._together([self._plan.store_key(key) for key in pool])
+        self._pools[pool] = None
+        if len(self._pools) > POOLS_KEPT:
+            self._pools.popitem(last=False)
         return pool
 
     def _refuse_capped(self, also: Also, method: str) -> None:

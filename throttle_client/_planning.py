@@ -226,21 +226,29 @@ class Planner:
         self, keys: Sequence[str], cost: int, max_wait_us: int, now: float, mark_us: int
     ) -> AcquireAny:
         """The operation of a pool's call: one of ``keys``, the one whose slot is earliest."""
-        first, *others = (self.acquire(key, cost, max_wait_us, now, mark_us) for key in keys)
+        store_time, expect = self.pacing.store_time_us, self.lives.expect
+        choices = []
+        cards: tuple[StoreCard, ...] = ()
+        for key in keys:
+            store_key = self.store_key(key)
+            cards += self.cards_due(store_key, now)  # (every key's due: whichever is taken)
+            choices.append(
+                Choice(store_key, *expect(store_key, store_time, now), self.history_of(store_key))
+            )
+        first = choices[0]
         return AcquireAny(
             key=first.key,
-            quota=first.quota,
-            cost=first.cost,
+            quota=self.quota_at(now),
+            cost=self.config.cost(cost),
             max_wait_us=max_wait_us,
-            call_id=first.call_id,
-            now_us=first.now_us,
+            call_id=call_id(),
+            now_us=self.at(now),
             mark_us=mark_us,
-            # (Every key's card that is due: written whichever key the call takes.)
-            cards=first.cards + tuple(card for other in others for card in other.cards),
+            cards=cards,
             history=first.history,
             expect=first.expect,
             seen=first.seen,
-            others=tuple(Choice(o.key, o.expect, o.seen, o.history) for o in others),
+            others=tuple(choices[1:]),
         )
 
     def inspect(self, store_key: str, now: float) -> Inspect:
