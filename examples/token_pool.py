@@ -2,7 +2,7 @@
 
 A fleet that holds many tokens of one quota each should get the sum of their quotas,
 without picking a token per request itself (round-robin waits on a busy token while
-others sit idle). ``ThrottledClient(limiter, pool=TokenPool(tokens))`` asks the shared
+others sit idle). ``ThrottledClient(limiter, pool=TokenPool(tokens, host=...))`` asks the shared
 store, in one atomic step per request, for the earliest slot among all the tokens,
 books it on that token, and sets the token on the request (``Authorization: Bearer``).
 
@@ -61,7 +61,8 @@ def crawl(
     paused_until = time.monotonic() + PAUSED_FOR
     limiter.pause(tokens[0], PAUSED_FOR)  # (as a 429 with Retry-After would)
     sent, lock = 0, threading.Lock()
-    with ThrottledClient(limiter, base_url=api_url, pool=TokenPool(tokens)) as client:
+    token_pool = TokenPool(tokens, host="127.0.0.1")  # (the API's host: the tokens go there alone)
+    with ThrottledClient(limiter, base_url=api_url, pool=token_pool) as client:
         deadline = time.monotonic() + seconds
 
         def worker(index: int) -> None:

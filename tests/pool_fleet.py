@@ -10,7 +10,10 @@ judgement is the one of ``arrivals_harness``: within the limiter's promise, an a
 that left the limiter within the margin of its slot but reached the upstream later
 (stalled on its way, on a busy machine) is put back at its slot plus the margin; every
 token's arrivals must then keep its rates and gap, and every 429 be explained by such a
-stall.
+stall. The client's connections to the upstream (by requests its route leaves
+unthrottled) and to the store (by reads) are opened before the crawl begins: a request
+that opens one may reach the upstream later than the margin allows, and a Cluster's
+first call waits for its map of the slots.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class _Plan:
 
     def __init__(self, tokens: list[str], pool: bool, paused: float, paused_tokens: int) -> None:
         self.tokens, self.paused, self.paused_tokens = tokens, paused, paused_tokens
-        self.token_pool = TokenPool(tokens) if pool else None
+        self.token_pool = TokenPool(tokens, host="127.0.0.1") if pool else None
         self._turns = itertools.cycle(tokens)
         self._lock = threading.Lock()
 
@@ -197,6 +200,7 @@ def _crawl_sync(
     with ThrottledClient(routes=[route], base_url=api, transport=inner) as client:
         with ThreadPoolExecutor(workers) as pool:  # (the connections, opened first)
             list(pool.map(lambda _: client.get("/health"), range(workers)))
+            list(pool.map(lambda _: limiter.usage(plan.tokens[0]), range(workers)))
         for token in plan.tokens[: plan.paused_tokens] if plan.paused else ():
             limiter.pause(token, plan.paused)
         deadline = time.monotonic() + seconds
@@ -231,6 +235,7 @@ async def _crawl_async(
     inner = _AsyncNoting(_noting(sent))
     async with AsyncThrottledClient(routes=[route], base_url=api, transport=inner) as client:
         await asyncio.gather(*(client.get("/health") for _ in range(workers)))
+        await asyncio.gather(*(limiter.usage(plan.tokens[0]) for _ in range(workers)))
         for token in plan.tokens[: plan.paused_tokens] if plan.paused else ():
             await limiter.pause(token, plan.paused)
         deadline = time.monotonic() + seconds

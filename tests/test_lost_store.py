@@ -245,3 +245,36 @@ def test_the_local_fallback_is_never_taken_for_a_lost_store(store: RedisServer) 
     assert limiter.acquire("token").allowed
     store.kill()
     assert limiter.try_acquire("token").allowed  # this worker's share, in memory
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+def test_a_pool_passes_over_a_key_that_lost_its_history(
+    kind: str, store: RedisServer, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key of a pool whose log and meta the store lost would look empty, the pool's
+    best; the hold its call would set (a whole minute from the loss) counts in the
+    choice, so the pool takes the key with room, and then the one that frees first."""
+    clock = FakeClock()
+    if kind == "sqlite":
+        backend: Any = SQLiteBackend(tmp_path / "limits.db")
+    else:
+        backend = RedisBackend(store.url)
+    limiter = Limiter(backend, rates=["10/minute"], margin=0, clock=clock, sleep=clock.sleep)
+    pool = ["tok-a", "tok-b"]
+    assert [limiter.acquire_any(pool).key for _ in range(2)] == pool
+    store_key = limiter.store_key("tok-a")
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "limits.db") as db:
+            db.execute("DELETE FROM tc_entries WHERE key = ?", (store_key,))
+            db.execute("DELETE FROM tc_meta WHERE key = ?", (store_key,))
+    else:
+        backend._runner.delete(*redis_keys(store_key))
+    clock.advance(1)
+    decision = limiter.try_acquire_any(pool)
+    assert (decision.allowed, decision.key) == (True, "tok-b")
+    taken = [limiter.try_acquire_any(pool).key for _ in range(8)]
+    assert taken == ["tok-b"] * 8  # b's quota, 10 a minute, is spent
+    refused = limiter.try_acquire_any(pool)
+    # b frees a unit 60 s after its first call; a's hold ends 60 s after the loss, later.
+    assert (refused.allowed, refused.key, round(refused.retry_after, 3)) == (False, "tok-b", 59)
+    backend.close()

@@ -26,6 +26,7 @@ from throttle_client._backends.base import AcquireAny, Choice, Inspect, Quota
 from throttle_client.testing import FakeClock
 
 TOKENS = ["tok-a", "tok-b", "tok-c"]
+HOST = "api.example.com"
 
 
 def pooled(make_limiter: Callable[..., Any], **options: Any) -> tuple[Any, FakeClock]:
@@ -204,7 +205,9 @@ def through_pool(
     if mode == "sync":
         limiter: Any = Limiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.sleep)
         transport: Any = ThrottledTransport(
-            limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, **pool)
+            limiter,
+            transport=httpx.MockTransport(upstream),
+            pool=TokenPool(TOKENS, host=HOST, **pool),
         )
         with httpx.Client(transport=transport) as client:
             for _ in range(requests):
@@ -218,7 +221,7 @@ def through_pool(
 
     limiter = AsyncLimiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.asleep)
     transport = AsyncThrottledTransport(
-        limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, **pool)
+        limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, host=HOST, **pool)
     )
     asyncio.run(run())
     return arrived, limiter, clock() - 1_700_000_000.0
@@ -263,8 +266,8 @@ def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
     search = Limiter(limiter.backend, rates=["2/second"], namespace="search")
     transport = ThrottledTransport(
         limiter,
-        routes=[Route(search, path="/search", pool=TokenPool(["s-1", "s-2"]))],
-        pool=TokenPool(TOKENS),
+        routes=[Route(search, path="/search", pool=TokenPool(["s-1", "s-2"], host=HOST))],
+        pool=TokenPool(TOKENS, host=HOST),
         transport=httpx.MockTransport(upstream),
     )
     with httpx.Client(transport=transport) as client:
@@ -273,10 +276,12 @@ def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
     assert seen == ["Bearer s-1", "Bearer tok-a"]
     account = Limiter(limiter.backend, rates=["9/second"], namespace="account")
     with pytest.raises(ConfigurationError, match="TokenPool"):
-        ThrottledTransport(limiter, pool=TokenPool(TOKENS), also=[(account, lambda r: "acct")])
+        ThrottledTransport(
+            limiter, pool=TokenPool(TOKENS, host=HOST), also=[(account, lambda r: "acct")]
+        )
     capped = Limiter(limiter.backend, rates=["2/second"], namespace="capped", max_concurrent=1)
     with pytest.raises(ConfigurationError, match="max_concurrent"):
-        ThrottledTransport(routes=[Route(capped, pool=TokenPool(TOKENS))])
+        ThrottledTransport(routes=[Route(capped, pool=TokenPool(TOKENS, host=HOST))])
 
 
 @pytest.mark.parametrize(
@@ -293,7 +298,7 @@ def test_a_bad_token_pool_is_refused_naming_no_token(
 ) -> None:
     options = {} if apply is None else {"apply": apply}
     with pytest.raises(error, match=words) as raised:
-        TokenPool(tokens, **options)
+        TokenPool(tokens, host=HOST, **options)
     if isinstance(tokens, list):
         assert "tok-a" not in str(raised.value)
 
@@ -319,3 +324,52 @@ def test_a_pool_of_40_tokens_sends_what_they_allow_together(
     assert verdict.over_within_promise == verdict.close_within_promise == 0, verdict
     assert verdict.unexcused_429s == 0, verdict
     assert verdict.used >= 0.95 * verdict.possible, verdict
+
+
+def test_a_pool_sends_its_tokens_to_its_host_alone() -> None:
+    """A request to another host, a cross-origin redirect among them, and a request with
+    credentials of its own go out without a token of the pool; a pool's repr shows none."""
+    seen: list[tuple[str, str | None]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("Authorization")))
+        if request.url.path == "/download":
+            return httpx.Response(302, headers={"Location": "https://cdn.example.net/blob"})
+        return httpx.Response(200)
+
+    limiter = Limiter(MemoryBackend(), rates=["5/second"])
+    pool = TokenPool(TOKENS, host=HOST)
+    transport = ThrottledTransport(limiter, pool=pool, transport=httpx.MockTransport(upstream))
+    with httpx.Client(transport=transport, follow_redirects=True) as client:
+        client.get(f"https://{HOST}/download")
+        client.get("https://hooks.example.org/notify")
+        client.get(f"https://{HOST}/items", headers={"Authorization": "Bearer own-token"})
+    assert seen == [
+        (HOST, "Bearer tok-a"),
+        ("cdn.example.net", None),
+        ("hooks.example.org", None),
+        (HOST, "Bearer own-token"),
+    ]
+    assert limiter.usage("own-token").rates[0].used == 1  # (keyed by its own token)
+    shown = repr(pool) + repr(Route(limiter, pool=pool))
+    assert "tok-" not in shown and "3 tokens" in shown
+
+
+def test_a_pools_host_must_be_a_host() -> None:
+    with pytest.raises(ConfigurationError, match="TokenPool's host must be a host name"):
+        TokenPool(TOKENS, host="https://api.example.com/")
+    with pytest.raises(TypeError, match="host"):
+        TokenPool(TOKENS)  # type: ignore[call-arg]
+
+
+def test_with_the_store_down_allow_takes_the_pools_keys_in_turn() -> None:
+    """on_unavailable="allow" admits without a store to say which key is free: a pool's
+    calls take its keys in turn, so a key its upstream refuses does not get them all."""
+    from throttle_client import RedisBackend
+    from throttle_client._redis_server import free_port
+
+    backend = RedisBackend(f"redis://127.0.0.1:{free_port()}/0")
+    limiter = Limiter(backend, rates=["5/second"], on_unavailable="allow", retry_for=0)
+    taken = [limiter.try_acquire_any(TOKENS).key for _ in range(6)]
+    assert taken == TOKENS * 2
+    backend.close()

@@ -21,6 +21,7 @@ to let a call through: that BackendError always propagates.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import threading
@@ -117,6 +118,8 @@ class FailureGuard:
         self.on_unavailable = on_unavailable
         self.retry_for = retry_for
         self.fallback = MemoryBackend() if isinstance(on_unavailable, LocalFallback) else None
+        # Under "allow", a pool's calls take its keys in turn (no store says which is free).
+        self._turns = itertools.count()
         self._down_until = 0.0
         self._down = False
         self.last_error = BackendUnavailable("the store has not answered yet")
@@ -222,6 +225,8 @@ class FailureGuard:
                 quotas = [c.quota for c in op.charges] if isinstance(op, AcquireAll) else [op.quota]
                 limits = tuple(limit for quota in quotas for limit, _ in quota.limits)
                 verdict = Verdict(True, now, now, 0, limits)
+                if isinstance(op, AcquireAny):
+                    verdict = verdict._replace(chosen=next(self._turns) % len(op.keys))
                 return lambda: verdict  # type: ignore[return-value]
             # The pause cannot be shared; the caller still gets its end, as if it held.
             return lambda: now + op.duration_us  # type: ignore[return-value]

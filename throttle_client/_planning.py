@@ -321,6 +321,15 @@ def expecting(op: Acquire | AcquireAll, planners: Planners, now: float) -> Acqui
     if isinstance(op, Acquire):
         planner = planners[0]
         expect, seen = planner.lives.expect(op.key, planner.pacing.store_time_us, now)
+        if isinstance(op, AcquireAny):  # (every key of the pool)
+            known = planner.lives.expect
+            others = tuple(
+                Choice(
+                    other.key, *known(other.key, planner.pacing.store_time_us, now), other.history
+                )
+                for other in op.others
+            )
+            return dataclasses.replace(op, expect=expect, seen=seen, others=others)
         return dataclasses.replace(op, expect=expect, seen=seen)
     charges = []
     for planner, charge in zip(planners, op.charges, strict=True):

@@ -206,6 +206,8 @@ class TransportCore(Generic[L]):
                 request.extensions[ACQUIRE_TIMEOUT], "the request extension acquire_timeout"
             )
         pool = route.pool if route is not None and route.pool is not None else self.pool
+        if pool is not None and not pool.serves(request):
+            pool = None  # (another host, or the request's own credentials: no token of it)
         key = pool.tokens[0] if pool is not None else self.key(request)
         cost = self.cost if isinstance(self.cost, int) else self.cost(request)
         host = request.url.host

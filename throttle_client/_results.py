@@ -21,7 +21,7 @@ class Decision:
     ``late_wakeups``: how many slots this call booked and gave up because it woke (or
     heard back) more than the limiter's ``margin`` after them; each stays booked, unused.
     ``key``: the key a pool's call took (``acquire_any``): the one whose slot was
-    earliest; None for a call on one key.
+    earliest; None for a call on one key. (Not in the repr: a key is a token.)
 
     A Decision is truthy when the call was admitted::
 
@@ -38,7 +38,7 @@ class Decision:
     rates: tuple[Rate, ...]
     paused_until: float | None
     late_wakeups: int = 0
-    key: str | None = None
+    key: str | None = field(default=None, repr=False)  # (a token: never in a repr)
     # For Limiter.learn (not part of the answer): the slot in whole µs, and the running
     # total a limit learned from this call's response counts from (-1: not marked).
     _slot_us: int = field(default=-1, repr=False, compare=False)

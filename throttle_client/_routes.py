@@ -36,21 +36,40 @@ def bearer(request: httpx.Request, token: str) -> None:
     request.headers["Authorization"] = f"Bearer {token}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TokenPool:
-    """Tokens of one quota each, used as one (``Limiter.acquire_any``): each request goes
-    out with the token whose slot is earliest, which ``apply`` sets on it (by default as
-    its bearer token). Each token stays within its limiter's rates and gap, and a token
-    its upstream paused is passed over until its pause ends.
+    """Tokens of one quota each, used as one (``Limiter.acquire_any``): each request to
+    ``host`` goes out with the token whose slot is earliest, which ``apply`` sets on it
+    (by default as its bearer token). Each token stays within its limiter's rates and
+    gap, and a token its upstream paused is passed over until its pause ends.
 
-    >>> ThrottledTransport(token_limiter, pool=TokenPool(["ghp_a", "ghp_b", "ghp_c"]))
+    The tokens are sent to ``host`` only (as a route's: ``"api.github.com"``, or with a
+    port, ``"127.0.0.1:8080"``): a request to another host, a redirect to one among them,
+    passes as if there were no pool. So does a request that carries its own
+    ``Authorization`` header, when the pool sets that header (the default ``apply``).
+
+    >>> pool = TokenPool(["ghp_a", "ghp_b", "ghp_c"], host="api.github.com")
+    >>> ThrottledTransport(token_limiter, pool=pool)
     >>> def api_key(request, key):
     ...     request.headers["X-Api-Key"] = key
-    >>> TokenPool(keys, apply=api_key)
+    >>> TokenPool(keys, host="api.example.com", apply=api_key)
     """
 
     tokens: Sequence[str]
-    apply: Callable[[httpx.Request, str], None] = bearer
+    host: str = field(kw_only=True)
+    apply: Callable[[httpx.Request, str], None] = field(default=bearer, kw_only=True)
+    _name: str = field(default="", init=False, compare=False)
+    _port: int | None = field(default=None, init=False, compare=False)
+
+    def __repr__(self) -> str:  # (never the tokens: a repr reaches tracebacks and logs)
+        return f"TokenPool({len(self.tokens)} tokens, host={self.host!r})"
+
+    def serves(self, request: httpx.Request) -> bool:
+        """Whether ``request`` goes out with a token of the pool: it is sent to the pool's
+        host, and carries no credentials of its own where the pool would put its token."""
+        if not _at(request, self._name, self._port):
+            return False
+        return self.apply is not bearer or "authorization" not in request.headers
 
     def __post_init__(self) -> None:
         if isinstance(self.tokens, (str, bytes)) or not isinstance(self.tokens, Sequence):
@@ -71,7 +90,10 @@ class TokenPool:
                 "TokenPool(apply=) takes a function (request, token) that sets the token "
                 f"on the request, not {self.apply!r}"
             )
+        name, port = _host_and_port(self.host, "a TokenPool's host")
         object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_port", port)
 
 
 def _first_repeat(items: tuple[str, ...]) -> int:
@@ -144,10 +166,7 @@ class Route(Generic[L]):
     def matches(self, request: httpx.Request) -> bool:
         if self.methods is not None and request.method not in self.methods:
             return False
-        url = request.url
-        if self._name is not None and url.host != self._name:
-            return False
-        if self._port is not None and (url.port or _DEFAULT_PORTS.get(url.scheme)) != self._port:
+        if self._name is not None and not _at(request, self._name, self._port):
             return False
         prefix = self.path.rstrip("/")
         path = request.url.path
@@ -155,10 +174,18 @@ class Route(Generic[L]):
         return not prefix or path == prefix or path.startswith(prefix + "/")
 
 
-def _host_and_port(spec: object) -> tuple[str, int | None]:
+def _at(request: httpx.Request, name: str, port: int | None) -> bool:
+    """Whether ``request`` goes to host ``name`` (and ``port``, unless None: any port)."""
+    url = request.url
+    if url.host != name:
+        return False
+    return port is None or (url.port or _DEFAULT_PORTS.get(url.scheme)) == port
+
+
+def _host_and_port(spec: object, what: str = "a route's host") -> tuple[str, int | None]:
     """``"api.example.com"``, ``"127.0.0.1:8080"``, ``"[::1]:8080"`` or ``"::1"`` as the
     host httpx reports for a request (lower case, IPv6 without brackets) and the port."""
-    problem = f"a route's host must be a host name, optionally with ':port', not {spec!r}"
+    problem = f"{what} must be a host name, optionally with ':port', not {spec!r}"
     if not isinstance(spec, str) or not spec or any(c in spec for c in "/@?# "):
         raise ConfigurationError(problem)
     host, port = spec.lower(), None

@@ -138,21 +138,28 @@ def lost_history(log: LogView, quota: Quota, expect: int, seen: int, now: int) -
     again. One of that life that counts fewer units lost its latest calls: held as if
     full now. Once per life. True if this call held it (the Lua script's
     ``lost_history``)."""
-    if expect < 0 or log.life == LIFE_HELD:
-        return False
-    if log.born != expect:
-        if log.life != LIFE_AFRESH:
-            return False
-        held = quota.counts_until(log.born)
-    elif seen > log.total:
-        held = quota.counts_until(now)
-    else:
+    held = lost_hold(log, quota, expect, seen, now)
+    if held is None:
         return False
     if held > log.pause_until:
         log.set_pause(held)
         log.expire_at(max(held, log.last or 0) + quota.horizon_us)  # (the hold is kept)
     log.set_life(LIFE_HELD)
     return True
+
+
+def lost_hold(log: LogView, quota: Quota, expect: int, seen: int, now: int) -> int | None:
+    """Until when :func:`lost_history` would hold the key, or None, writing nothing (a
+    pool's choice: a key that lost its history is held once its call books)."""
+    if expect < 0 or log.life == LIFE_HELD:
+        return None
+    if log.born != expect:
+        if log.life != LIFE_AFRESH:
+            return None
+        return quota.counts_until(log.born)
+    if seen > log.total:
+        return quota.counts_until(now)
+    return None
 
 
 def hold_lost(logs: Sequence[LogView], charges: Sequence[Charge], now: int) -> bool:
@@ -236,18 +243,23 @@ def choose(logs: Sequence[LogView], op: AcquireAny, now: int) -> int:
     order) it books: for a retry, the one whose log holds its id; else the one whose
     slot is earliest, and of equal slots the one used least lately (its newest booking
     the oldest, so that a pool spreads its calls over its keys; one past the horizon,
-    which a store may have forgotten, counts as none), then the first. A key whose
+    which a store may have forgotten, counts as none), then the first. A key that lost
+    its history counts from the hold its call would set (:func:`lost_hold`). A key whose
     windows the call did not give (Stale) is taken at once: its answer asks for them."""
     if op.retry:
         for index, log in enumerate(logs):
             if log.slot_of(op.call_id) is not None:
                 return index
     best, best_rank, horizon = 0, (-1, -1), op.quota.horizon_us
-    for index, log in enumerate(logs):
+    lives = [(op.expect, op.seen), *((other.expect, other.seen) for other in op.others)]
+    for index, (log, (expect, seen)) in enumerate(zip(logs, lives, strict=True)):
         try:
             slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
         except Stale:
             return index
+        held = lost_hold(log, op.quota, expect, seen, now)  # (held once its call books)
+        if held is not None:
+            slot = max(slot, held)
         last = log.last
         rank = (slot, last if last is not None and last + horizon > now else -1)
         if index == 0 or rank < best_rank:

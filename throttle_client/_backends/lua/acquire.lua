@@ -118,6 +118,9 @@ local function op_acquire_any(keys, argv)
       local slot = earliest_slot(ks[i], cost)
       if not slot then best = i; break end -- (stale: its answer asks for the windows)
       if slot < now + lead then slot = now + lead end
+      -- (A key that lost its history is held when its call books: from the hold.)
+      local held = lost_hold(ks[i], argv[first + i - 1])
+      if held and held > slot then slot = held end
       local last = ks[i].last
       if last + q.horizon <= now then last = -1 end
       if not best_slot or slot < best_slot or (slot == best_slot and last < best_last) then

@@ -29,20 +29,26 @@ end
 -- every window had been full when it began again. One of that life that counts fewer
 -- units than the worker saw lost its latest calls: held as if full now. Once per life
 -- (`life` 2). True if it was held by this call.
-local function lost_history(k, expect)
-  if not expect or k.life == 2 then return false end
+-- (lost_hold: until when it would hold the key, or nil, writing nothing: a pool's choice.)
+local function lost_hold(k, expect)
+  if not expect or k.life == 2 then return nil end
   local born, seen = string.match(expect, '^(%d+),(%d+)$')
-  if not born then return false end
+  if not born then return nil end
   local from
   if tonumber(born) ~= k.born then
-    if k.life ~= 0 then return false end
+    if k.life ~= 0 then return nil end
     from = k.born
   elseif tonumber(seen) > k.total then
     from = now
   else
-    return false
+    return nil
   end
-  local held = counts_until(k.q, from)
+  return counts_until(k.q, from)
+end
+
+local function lost_history(k, expect)
+  local held = lost_hold(k, expect)
+  if not held then return false end
   if held > k.pause then k.pause = held end
   k.life = 2
   save(k, math.max(k.pause, k.last) + k.q.horizon, false)
