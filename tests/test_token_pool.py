@@ -373,3 +373,27 @@ def test_with_the_store_down_allow_takes_the_pools_keys_in_turn() -> None:
     taken = [limiter.try_acquire_any(TOKENS).key for _ in range(6)]
     assert taken == TOKENS * 2
     backend.close()
+
+
+def test_every_key_of_a_pool_the_script_rebuilt_is_told(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool's call reads every key: each one whose part the store lost is rebuilt, and
+    said, not only the last."""
+    import logging
+
+    from throttle_client import RedisBackend
+    from throttle_client._backends.redis_codec import redis_keys
+
+    backend = RedisBackend(redis_url)
+    limiter = Limiter(backend, rates=["5/second"], namespace="rebuilt", clock=FakeClock())
+    for _ in range(3):
+        limiter.try_acquire_any(TOKENS)
+    log_of = {t: redis_keys(limiter.store_key(t)) for t in TOKENS}
+    backend._runner.delete(log_of["tok-a"][1], log_of["tok-c"][0])  # a's meta, c's log
+    with caplog.at_level(logging.DEBUG, logger="throttle_client"):  # (a WARNING, then DEBUG)
+        assert limiter.try_acquire_any(TOKENS).allowed
+    told = [r.getMessage() for r in caplog.records if "repaired" in r.getMessage()]
+    keys = [limiter.store_key(t) for t in ("tok-a", "tok-c")]
+    assert len(told) == 2 and all(any(key in m for m in told) for key in keys), told
+    backend.close()

@@ -58,13 +58,15 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         del words[0]
         if notice is not None:
             notice(op.key, part)
-    elif isinstance(op, (AcquireAll, AcquireAny)) and words[0][:9] in (b"repaired:", "repaired:"):
-        # "repaired:<part>:<n>": the n-th key of the stacked call, or of the pool.
-        word = words.pop(0)
-        _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
+    elif isinstance(op, (AcquireAll, AcquireAny)):
+        # "repaired:<part>:<n>": the n-th key of the stacked call, or of the pool; a
+        # word for each key rebuilt.
         named = op.keys if isinstance(op, AcquireAny) else [c.key for c in op.charges]
-        if notice is not None:
-            notice(named[int(index) - 1], part)
+        while words[0][:9] in (b"repaired:", "repaired:"):
+            word = words.pop(0)
+            _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
+            if notice is not None:
+                notice(named[int(index) - 1], part)
     lost = words[0] in (b"lost", "lost")  # (after any repair: see Verdict.lost)
     if lost:
         del words[0]

@@ -71,7 +71,7 @@
 -- A part of the key that is lost (L or M) or unreadable (M) is rebuilt, conservatively,
 -- by whichever call finds it so (see "Partial state" below); that call's reply is led
 -- by the word "repaired:log" or "repaired:meta" (acquire_all: "repaired:log:2" names its
--- second key), "repaired:damaged" for an M that held what no call writes (see "Damage"
+-- second key; one such word per key rebuilt), "repaired:damaged" for an M that held what no call writes (see "Damage"
 -- below), or "repaired:older" for a log rewritten from the older layout, so that the
 -- client can say so.
 

@@ -202,7 +202,8 @@ local function open(log, meta, q, index) -- index: the key's place in an acquire
   local wrong = too_far(k, true)
   if wrong then return nil, damaged(meta, wrong) end
   if fixed then
-    repaired = index and (fixed .. ':' .. index) or fixed
+    local word = index and (fixed .. ':' .. index) or fixed -- (every key's: a pool reads all)
+    repaired = repaired and (repaired .. ' repaired:' .. word) or word
     save(k, math.max(now, k.last, k.pause) + q.horizon, true)
   end
   k.at = now -- (the now it was read at: a batch's operations may give others)
