@@ -288,7 +288,11 @@ def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
     ("tokens", "apply", "error", "words"),
     [
         ("tok-a", None, TypeError, "a list of tokens, not a str"),
-        ([], None, ConfigurationError, "one or more non-empty string tokens"),
+        ([], None, ConfigurationError, "one or more tokens"),
+        (["tok-a", ""], None, ConfigurationError, "token #2 is an empty string"),
+        (["tok-a", 7], None, ConfigurationError, "token #2 is a int value"),
+        (["tok-a\nX-Other: 1"], None, ConfigurationError, "#1 holds a character no header"),
+        (["tok-\u00e9"], None, ConfigurationError, "#1 holds a character no header"),
         (["tok-a", "tok-a"], None, ConfigurationError, r"token twice \(token #2\)"),
         (["tok-a"], "header", TypeError, "function"),
     ],
@@ -397,3 +401,56 @@ def test_every_key_of_a_pool_the_script_rebuilt_is_told(
     keys = [limiter.store_key(t) for t in ("tok-a", "tok-c")]
     assert len(told) == 2 and all(any(key in m for m in told) for key in keys), told
     backend.close()
+
+
+def test_a_custom_apply_sends_no_token_through_a_redirect_to_another_host() -> None:
+    """httpx strips Authorization on a cross-origin redirect, not a header of one's own:
+    the token goes on a copy of the request, which a redirect is not built from."""
+    seen: list[tuple[str, str | None]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("X-Api-Key")))
+        if request.url.path == "/download":
+            return httpx.Response(302, headers={"Location": "https://cdn.example.net/blob"})
+        return httpx.Response(200)
+
+    def api_key(request: httpx.Request, token: str) -> None:
+        request.headers["X-Api-Key"] = token
+
+    limiter = Limiter(MemoryBackend(), rates=["5/second"])
+    pool = TokenPool(TOKENS, host=HOST, apply=api_key)
+    transport = ThrottledTransport(limiter, pool=pool, transport=httpx.MockTransport(upstream))
+    with httpx.Client(transport=transport, follow_redirects=True) as client:
+        assert client.get(f"https://{HOST}/download").status_code == 200
+    assert seen == [(HOST, "tok-a"), ("cdn.example.net", None)]
+
+
+def test_a_pool_on_a_cluster_without_a_shared_slot_is_a_mistake_not_an_outage(
+    cluster_url: str,
+) -> None:
+    """Through a transport as through acquire_any: keys in several hash slots are refused
+    before anything is sent, naming tag=, whatever on_unavailable says."""
+    from throttle_client import RedisBackend
+
+    backend = RedisBackend(cluster_url, cluster=True)
+    limiter = Limiter(backend, rates=["5/second"], on_unavailable="allow")
+    tokens = [f"tok-{n:02d}" for n in range(20)]
+    transport = ThrottledTransport(
+        limiter,
+        pool=TokenPool(tokens, host=HOST),
+        transport=httpx.MockTransport(lambda request: httpx.Response(200)),
+    )
+    with (
+        httpx.Client(transport=transport) as client,
+        pytest.raises(ConfigurationError, match=r"tag=.*") as refused,
+    ):
+        client.get(f"https://{HOST}/items")
+    assert "(20 keys)" in str(refused.value) and "tok-" not in str(refused.value)
+    backend.close()
+
+
+def test_a_routes_pool_must_be_for_the_routes_host() -> None:
+    limiter = Limiter(MemoryBackend(), rates=["5/second"])
+    with pytest.raises(ConfigurationError, match="give both the same host"):
+        Route(limiter, host="api.example.com", pool=TokenPool(TOKENS, host="api.other.com"))
+    assert repr(TokenPool(["tok-a"], host=HOST)) == "TokenPool(1 token, host='api.example.com')"

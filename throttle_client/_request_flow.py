@@ -256,7 +256,7 @@ class TransportCore(Generic[L]):
         attempts, attempt = self.retry.max_attempts, 1
         capped = limiter._capped(plan.also)
         while True:
-            lease = None
+            lease, outgoing = None, request
             if capped:  # in flight from admission until the response is closed
                 decision, lease = yield Hold(plan, plan.timeout)
             elif plan.pool is None:
@@ -265,17 +265,26 @@ class TransportCore(Generic[L]):
                 )
             else:  # the token whose slot is earliest: it goes on the request
                 pool = plan.pool
-                tokens = tuple(pool.tokens)
+                tokens = limiter._pool(pool.tokens, "TokenPool")  # (checked once: a Cluster's slot)
                 decision = yield from send_flow(
                     limiter, plan.key, plan.cost, plan.timeout, now, pool=tokens
                 )
                 plan = dataclasses.replace(plan, key=decision.key or tokens[0])
-                pool.apply(request, plan.key)
+                # On a copy: httpx builds a redirect from the request it was given, which
+                # then carries no token to another host, wherever apply put it.
+                outgoing = httpx.Request(
+                    request.method,
+                    request.url,
+                    headers=request.headers.copy(),
+                    stream=request.stream,
+                    extensions=request.extensions,
+                )
+                pool.apply(outgoing, plan.key)
             if decision.waited > LONG_WAIT:
                 logger.info(
                     "waited %.1fs for a slot for %s (%s)", decision.waited, plan.route, plan.label
                 )
-            sent: tuple[httpx.Response, float, float] = yield Send(request, lease)
+            sent: tuple[httpx.Response, float, float] = yield Send(outgoing, lease)
             response, now, wall = sent
             if limiter._listeners:
                 store_key = limiter.store_key(plan.key)

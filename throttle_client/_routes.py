@@ -45,8 +45,12 @@ class TokenPool:
 
     The tokens are sent to ``host`` only (as a route's: ``"api.github.com"``, or with a
     port, ``"127.0.0.1:8080"``): a request to another host, a redirect to one among them,
-    passes as if there were no pool. So does a request that carries its own
-    ``Authorization`` header, when the pool sets that header (the default ``apply``).
+    passes as if there were no pool (the token is set on a copy of the request, which
+    httpx does not follow a redirect from). With the default ``apply``, a request that
+    carries its own ``Authorization`` header keeps it, and is keyed by it; a custom
+    ``apply`` is given every request to ``host``, and decides (it may leave a request
+    that carries credentials of its own as it is, but that request is still charged to
+    the token it was given).
 
     >>> pool = TokenPool(["ghp_a", "ghp_b", "ghp_c"], host="api.github.com")
     >>> ThrottledTransport(token_limiter, pool=pool)
@@ -62,11 +66,12 @@ class TokenPool:
     _port: int | None = field(default=None, init=False, compare=False)
 
     def __repr__(self) -> str:  # (never the tokens: a repr reaches tracebacks and logs)
-        return f"TokenPool({len(self.tokens)} tokens, host={self.host!r})"
+        n = len(self.tokens)
+        return f"TokenPool({n} token{'s' * (n != 1)}, host={self.host!r})"
 
     def serves(self, request: httpx.Request) -> bool:
         """Whether ``request`` goes out with a token of the pool: it is sent to the pool's
-        host, and carries no credentials of its own where the pool would put its token."""
+        host, and (with the default ``apply``) carries no ``Authorization`` of its own."""
         if not _at(request, self._name, self._port):
             return False
         return self.apply is not bearer or "authorization" not in request.headers
@@ -75,11 +80,18 @@ class TokenPool:
         if isinstance(self.tokens, (str, bytes)) or not isinstance(self.tokens, Sequence):
             raise TypeError(f"TokenPool takes a list of tokens, not a {type(self.tokens).__name__}")
         tokens = tuple(self.tokens)
-        if not tokens or not all(isinstance(t, str) and t for t in tokens):
-            raise ConfigurationError(
-                f"a TokenPool needs one or more non-empty string tokens; it was given "
-                f"{len(tokens)} item(s), of types {sorted({type(t).__name__ for t in tokens})}"
-            )
+        if not tokens:
+            raise ConfigurationError("a TokenPool needs one or more tokens: it was given none")
+        for place, token in enumerate(tokens, 1):  # (named by place: a token is a secret)
+            if not isinstance(token, str) or not token:
+                what = "an empty string" if token == "" else f"a {type(token).__name__} value"
+                raise ConfigurationError(f"a TokenPool's token #{place} is {what}, not a token")
+            if not token.isprintable() or (self.apply is bearer and not token.isascii()):
+                raise ConfigurationError(
+                    f"a TokenPool's token #{place} holds a character no header may carry "
+                    "(a control character, a line break; or, for the default apply, one "
+                    "outside ASCII)"
+                )
         if len(set(tokens)) != len(tokens):
             raise ConfigurationError(
                 f"a TokenPool was given a token twice (token #{_first_repeat(tokens) + 1}): "
@@ -142,6 +154,13 @@ class Route(Generic[L]):
         object.__setattr__(self, "also", checked_also(self.also))
         checked_pauses(self.pauses)
         checked_pool(self.pool)
+        if self.pool is not None and self.host is not None:
+            route_host = _host_and_port(self.host)
+            if route_host[0] != self.pool._name or self.pool._port not in (None, route_host[1]):
+                raise ConfigurationError(
+                    f"a route to {self.host!r} has a TokenPool for {self.pool.host!r}: its "
+                    "requests would never carry a token of it; give both the same host"
+                )
         if self.methods is not None:
             if not isinstance(self.methods, str):  # a generator is read once, here
                 object.__setattr__(self, "methods", tuple(self.methods))

@@ -77,10 +77,14 @@ def _one_slot(store_keys: list[str]) -> None:
     here, with what to do, rather than let the server answer CROSSSLOT."""
     slots = {key_slot(redis_keys(key)[0]) for key in store_keys}
     if len(slots) > 1:
+        shown = ", ".join(store_keys[:3]) + (
+            f", ... ({len(store_keys)} keys)" if len(store_keys) > 3 else ""
+        )
         raise ConfigurationError(
             f"on a Redis Cluster the keys of one call must share a hash slot, and the store "
-            f"keys {store_keys} do not: give every limiter of the call the same tag= (a "
-            "function of its key that names what they share, e.g. the account id)"
+            f"keys {shown} do not: give every limiter of the call the same tag= (a "
+            "function of its key that names what they share, e.g. the account id; for a "
+            "pool, any one value)"
         )
 
 
