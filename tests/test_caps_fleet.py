@@ -40,7 +40,12 @@ RATES = ["100000/second"]  # never binds: the caps do
 # Stacked (test C): each token and the account under a rate too, and the account's the
 # smaller of what its tokens could send together (4 x 12 > 30): both bind.
 TOKEN_RATE, ACCOUNT_RATE = 12, 30
-TOLERANCE = 0.04  # an arrival may reach the upstream this late after its slot (margin)
+# How late after its slot an arrival of test C may reach the upstream: the limiters'
+# margin, and what the judge forgives. Sixteen threads in eight processes on a machine
+# of two cores (the upstream's threads beside them) reach it up to ~50 ms late now and
+# then; the default margin, 25 ms, promises less than that, and a judge at 40 ms saw 31
+# and 32 arrivals in a window of 30.
+TOLERANCE = 0.1
 
 # Workers come from a fork server that has imported httpx, redis and this library once
 # (a clean single-threaded process: the parent runs the upstream's threads).
@@ -67,6 +72,7 @@ def _fleet_worker(
     tag = (lambda key: "acct-1") if stacked and kind == "cluster" else None
     cap = 2 if stacked else 4
     store = backend(url, kind)  # one for both limiters: one atomic step books them all
+    margin: dict[str, float] = {"margin": TOLERANCE} if stacked else {}
     limiter = Limiter(
         store,
         rates=[f"{TOKEN_RATE}/second"] if stacked else RATES,
@@ -74,6 +80,7 @@ def _fleet_worker(
         lease_ttl=5,
         namespace="fleet",
         tag=tag,
+        **margin,
     )
     also: list[Any] = []
     if stacked:
@@ -84,6 +91,7 @@ def _fleet_worker(
             lease_ttl=5,
             namespace="fleet-account",
             tag=tag,
+            **margin,
         )
         also = [(account, lambda request: "acct-1")]
     statuses: list[int] = []
