@@ -45,6 +45,17 @@ def us(seconds: float) -> int:
     return round(seconds * US)
 
 
+def lose(backend: Any, store_key: str) -> None:
+    """The store loses the key's log and meta: an SQLite file restored from an older
+    copy, a Redis (or Cluster node) that lost its keys."""
+    if isinstance(backend, SQLiteBackend):
+        with sqlite3.connect(backend.path) as db:
+            db.execute("DELETE FROM tc_entries WHERE key = ?", (store_key,))
+            db.execute("DELETE FROM tc_meta WHERE key = ?", (store_key,))
+    else:
+        backend._runner.delete(*redis_keys(store_key))
+
+
 def lost(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "lost the recent calls" in r.getMessage()]
 
@@ -164,12 +175,7 @@ def test_every_store_holds_a_key_whose_calls_it_lost(
     for _ in range(4):
         limiter.acquire("token")
     store_key = limiter.store_key("token")
-    if kind == "sqlite":
-        with sqlite3.connect(tmp_path / "limits.db") as db:
-            db.execute("DELETE FROM tc_entries WHERE key = ?", (store_key,))
-            db.execute("DELETE FROM tc_meta WHERE key = ?", (store_key,))
-    else:
-        backend._runner.delete(*redis_keys(store_key))
+    lose(backend, store_key)
     decision = limiter.try_acquire("token")
     assert not decision.allowed and us(decision.slot) >= first + 10 * US
     backend.close()
@@ -263,12 +269,7 @@ def test_a_pool_passes_over_a_key_that_lost_its_history(
     pool = ["tok-a", "tok-b"]
     assert [limiter.acquire_any(pool).key for _ in range(2)] == pool
     store_key = limiter.store_key("tok-a")
-    if kind == "sqlite":
-        with sqlite3.connect(tmp_path / "limits.db") as db:
-            db.execute("DELETE FROM tc_entries WHERE key = ?", (store_key,))
-            db.execute("DELETE FROM tc_meta WHERE key = ?", (store_key,))
-    else:
-        backend._runner.delete(*redis_keys(store_key))
+    lose(backend, store_key)
     clock.advance(1)
     decision = limiter.try_acquire_any(pool)
     assert (decision.allowed, decision.key) == (True, "tok-b")
