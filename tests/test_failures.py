@@ -34,6 +34,7 @@ from throttle_client import (
     BackendUnavailable,
     Limiter,
     LocalFallback,
+    MemoryBackend,
     RedisBackend,
 )
 from throttle_client._backends.redis import redis_keys
@@ -91,10 +92,8 @@ def test_raise_policy_then_recovery_without_restart(
     assert limiter.usage("token").rates[0].used == 0
 
 
-def test_allow_policy_fails_open_and_says_so_once(own_redis, caplog) -> None:
-    limiter = Limiter(
-        RedisBackend(own_redis.url), rates=["1/hour"], on_unavailable="allow", retry_for=0.1
-    )
+def test_allow_policy_fails_open_and_says_so_once(own_redis, own_backend, caplog) -> None:
+    limiter = Limiter(own_backend, rates=["1/hour"], on_unavailable="allow", retry_for=0.1)
     assert limiter.try_acquire("token").allowed
     assert not limiter.try_acquire("token").allowed  # the store still rules while it answers
     own_redis.kill()
@@ -108,8 +107,10 @@ def test_allow_policy_fails_open_and_says_so_once(own_redis, caplog) -> None:
         limiter.usage("token")
 
 
-def test_wrongtype_is_an_error_even_when_failing_open(own_redis: RedisServer) -> None:
-    limiter = Limiter(RedisBackend(own_redis.url), rates=["5/second"], on_unavailable="allow")
+def test_wrongtype_is_an_error_even_when_failing_open(
+    own_redis: RedisServer, own_backend: RedisBackend
+) -> None:
+    limiter = Limiter(own_backend, rates=["5/second"], on_unavailable="allow")
     client = redis.Redis.from_url(own_redis.url)
     client.set(redis_keys(limiter.store_key("token"))[0], "not a sorted set")
     with pytest.raises(BackendError) as info:
@@ -123,9 +124,10 @@ def test_local_fallback_keeps_the_fleet_within_the_quota(own_redis: RedisServer)
     """N workers, each with its own fallback share: together never above the limit."""
     workers, limit = 4, 12
     clock = FakeClock()
+    closing = contextlib.ExitStack()
     fleet = [
         Limiter(
-            RedisBackend(own_redis.url),
+            closing.enter_context(RedisBackend(own_redis.url)),
             rates=[f"{limit}/second"],
             min_interval=0.01,
             on_unavailable=LocalFallback(expected_workers=workers),
@@ -142,6 +144,7 @@ def test_local_fallback_keeps_the_fleet_within_the_quota(own_redis: RedisServer)
             if decision.allowed:
                 admitted[index].append(clock.now)
         clock.advance(0.01)
+    closing.close()
     everyone = sorted(t for times in admitted for t in times)
     assert len(everyone) >= workers * (limit // workers) * 2  # the fallback does admit
     for t in everyone:
@@ -223,14 +226,15 @@ def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
     def worker() -> None:
         # margin=0: a reload after a flush can make an answer late, and a late try_acquire
         # is refused with its slot left booked; this test counts bookings, not arrivals.
-        limiter = Limiter(RedisBackend(own_redis.url), rates=["100000/hour"], margin=0)
-        try:
-            while not stop.is_set():
-                decision = limiter.try_acquire("token")
-                with lock:
-                    admitted[0] += decision.allowed
-        except BaseException as exc:  # every error counts against the test
-            errors.append(exc)
+        with RedisBackend(own_redis.url) as backend:
+            limiter = Limiter(backend, rates=["100000/hour"], margin=0)
+            try:
+                while not stop.is_set():
+                    decision = limiter.try_acquire("token")
+                    with lock:
+                        admitted[0] += decision.allowed
+            except BaseException as exc:  # every error counts against the test
+                errors.append(exc)
 
     threads = [threading.Thread(target=flusher)]
     threads += [threading.Thread(target=worker) for _ in range(4)]
@@ -241,7 +245,7 @@ def test_script_flush_every_100ms_is_invisible(own_redis: RedisServer) -> None:
     for thread in threads:
         thread.join()
     assert errors == []
-    limiter = Limiter(RedisBackend(own_redis.url), rates=["100000/hour"])
+    limiter = Limiter(MemoryBackend(), rates=["100000/hour"])  # (its key's name only)
     booked = admin.zcount(redis_keys(limiter.store_key("token"))[0], 0, "+inf")  # slot entries
     assert admitted[0] > 100 and booked == admitted[0]  # nothing counted twice, none lost
     admin.close()
@@ -288,11 +292,11 @@ def test_cluster_primary_killed_calls_succeed_after_failover() -> None:
 
 
 def test_each_refusal_is_a_fresh_exception_chained_to_the_driver_error(
-    own_redis: RedisServer,
+    own_redis: RedisServer, own_backend: RedisBackend
 ) -> None:
     """During the cool-down, 1,000 calls (from several threads) raise 1,000 exceptions
     with short tracebacks, never one object whose traceback grows with every raise."""
-    limiter = Limiter(RedisBackend(own_redis.url), rates=["100/second"], retry_for=0)
+    limiter = Limiter(own_backend, rates=["100/second"], retry_for=0)
     own_redis.kill()
     raised: list[BackendUnavailable] = []
 

@@ -121,7 +121,7 @@ class LimiterCore:
         for problem in config.doubtful():
             log.warning("%r: %s", self, problem)
         self.backend = store
-        self._guard.ring_through(store.doorbell)
+        self._guard.ring_through(store)
 
     # -- what each world gives ---------------------------------------------------------
 

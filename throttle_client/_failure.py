@@ -44,7 +44,6 @@ from ._backends.base import (
     Renew,
     Verdict,
 )
-from ._backends.doorbell import Doorbell
 from ._backends.memory import MemoryBackend
 from ._errors import BackendUnavailable, ConfigurationError
 
@@ -125,11 +124,11 @@ class FailureGuard:
         self.last_error = BackendUnavailable("the store has not answered yet")
         self._lock = threading.Lock()
 
-    def ring_through(self, doorbell: Doorbell) -> None:
+    def ring_through(self, store: Any) -> None:
         """The in-process fallback grants leases to the limiter's waiters, who wait on
-        the store's doorbell: it rings that one."""
+        the store's doorbell: it rings that one. (Only then is the doorbell made.)"""
         if self.fallback is not None:
-            self.fallback.doorbell = doorbell
+            self.fallback.doorbell = store.doorbell
 
     # -- before and after the store is asked ------------------------------------------
 

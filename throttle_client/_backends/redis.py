@@ -19,7 +19,9 @@ import functools
 import re
 import threading
 import time
+import traceback
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
@@ -86,6 +88,33 @@ def _one_slot(store_keys: list[str]) -> None:
             "function of its key that names what they share, e.g. the account id; for a "
             "pool, any one value)"
         )
+
+
+def _script_sender(calls: Calls, repairs: RepairNotice, disagree: Disagreements) -> Send[Command]:
+    """What sends a backend's queued operations in one script call. It holds the
+    backend's parts, not the backend: a backend its user drops without closing is then
+    freed at once, its sockets closed by redis-py, not left for the collector (which may
+    reach a socket before its connection and warn of it)."""
+    return lambda ops, queued: script_flow(ops, queued, calls, repairs, disagree)
+
+
+def _loosen(error: BaseException) -> None:
+    """Clear the locals of the driver's frames ``error`` was raised through (they have
+    all returned). redis-py raises an error reply from a frame that holds it as a local:
+    a cycle, through the traceback, with every frame up to the caller's, which keeps
+    the backend alive, its sockets open, until the collector runs."""
+    traceback.clear_frames(error.__traceback__)
+
+
+def _subscribers_of(backend: weakref.ref[Any]) -> Callable[[], list[redis.Redis]]:
+    """The clients a backend's doorbell subscribes with, reached weakly: the doorbell's
+    thread must not keep a dropped backend alive (none, once it is gone)."""
+
+    def clients() -> list[redis.Redis]:
+        live = backend()
+        return [] if live is None else cast(list[redis.Redis], live._subscribers())
+
+    return clients
 
 
 def _batcher(
@@ -184,9 +213,7 @@ class RedisBackend(Backend):
         self._batcher = _batcher(
             self._runner,
             self._owned,
-            lambda ops, queued: script_flow(
-                ops, queued, self._calls, self._repairs, self._disagree
-            ),
+            _script_sender(self._calls, self._repairs, self._disagree),
             threading.Event,
             threading.Event.set,
             cluster=self._url is not None or isinstance(client, redis.cluster.RedisCluster),
@@ -207,17 +234,24 @@ class RedisBackend(Backend):
     def _perform(self, step: Command | Wait) -> Any:
         if isinstance(step, Wait):
             return step.waker.wait()
-        # Connecting a Cluster URL's client may fail too: the flow translates it.
-        runner = self._runner or self._connect()
-        if self._wire is not None and step.name in WIRED:
-            return self._wire.call(step.name, step.args)
-        if step.name == "pipeline":
-            return pipelined(runner, step.args).execute(raise_on_error=False)
-        return getattr(runner, step.name)(*step.args)
+        try:
+            # Connecting a Cluster URL's client may fail too: the flow translates it.
+            runner = self._runner or self._connect()
+            if self._wire is not None and step.name in WIRED:
+                return self._wire.call(step.name, step.args)
+            if step.name == "pipeline":
+                return pipelined(runner, step.args).execute(raise_on_error=False)
+            return getattr(runner, step.name)(*step.args)
+        except redis.RedisError as error:
+            _loosen(error)
+            raise
 
     @functools.cached_property
     def doorbell(self) -> RedisDoorbell:
-        return RedisDoorbell(lambda: subscriber_clients(self._runner or self._connect()))
+        return RedisDoorbell(_subscribers_of(weakref.ref(self)))
+
+    def _subscribers(self) -> list[redis.Redis]:
+        return subscriber_clients(self._runner or self._connect())
 
     def close(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""
@@ -343,9 +377,7 @@ class AsyncRedisBackend(AsyncBackend):
         return _batcher(
             self._runner,
             self._owned,
-            lambda ops, queued: script_flow(
-                ops, queued, self._calls, self._repairs, self._disagree
-            ),
+            _script_sender(self._calls, self._repairs, self._disagree),
             lambda: asyncio.get_running_loop().create_future(),
             _resolve,
             cluster=isinstance(self._runner, redis.asyncio.cluster.RedisCluster),
@@ -384,13 +416,17 @@ class AsyncRedisBackend(AsyncBackend):
     async def _perform(self, step: Command | Wait) -> Any:
         if isinstance(step, Wait):
             return await step.waker
-        if self._wire is not None and step.name in WIRED:
-            return await self._wire.acall(step.name, step.args)
-        if step.name == "pipeline":
-            return await pipelined(self._runner, step.args).execute(raise_on_error=False)
-        # (redis-py types the sync and async clients' methods as one, before 8.0)
-        method = getattr(self._runner, step.name)
-        return await cast(Awaitable[Any], method(*step.args))
+        try:
+            if self._wire is not None and step.name in WIRED:
+                return await self._wire.acall(step.name, step.args)
+            if step.name == "pipeline":
+                return await pipelined(self._runner, step.args).execute(raise_on_error=False)
+            # (redis-py types the sync and async clients' methods as one, before 8.0)
+            method = getattr(self._runner, step.name)
+            return await cast(Awaitable[Any], method(*step.args))
+        except redis.RedisError as error:
+            _loosen(error)
+            raise
 
     async def afingerprint(self, namespace: str, value: str, keep: bool = True) -> str | None:
         """As :meth:`Backend.fingerprint`."""
@@ -412,7 +448,10 @@ class AsyncRedisBackend(AsyncBackend):
 
     @functools.cached_property
     def doorbell(self) -> RedisDoorbell:
-        return RedisDoorbell(lambda: subscriber_clients(self._runner))
+        return RedisDoorbell(_subscribers_of(weakref.ref(self)))
+
+    def _subscribers(self) -> list[redis.Redis]:
+        return subscriber_clients(self._runner)
 
     async def aclose(self) -> None:
         """Close the connections the backend opened (a client you passed stays open)."""

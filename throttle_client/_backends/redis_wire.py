@@ -235,7 +235,9 @@ def _read(conn: Any) -> Any:
     try:
         return conn.read_response()
     except ResponseError as error:
-        return error
+        # A value now: without its traceback, whose frames (the caller's among them,
+        # still running) would hold the value in a cycle.
+        return error.with_traceback(None)
 
 
 async def _aread(conn: Any) -> Any:
@@ -243,7 +245,7 @@ async def _aread(conn: Any) -> Any:
     try:
         return await conn.read_response()
     except ResponseError as error:
-        return error
+        return error.with_traceback(None)
 
 
 if hasattr(select, "poll"):
