@@ -26,7 +26,7 @@ from ._backends.base import (
     Verdict,
 )
 from ._calls import ask_flow, execute_flow, introduce_flow, look_flow
-from ._config import US, us_to_seconds
+from ._config import NORMAL, US, us_to_seconds
 from ._core import Also, LimiterCore, also_entry
 from ._errors import ThrottleTimeout
 from ._events import ADMITTED, LATE_WAKEUP, REFUSED, TIMED_OUT
@@ -47,6 +47,12 @@ LOOK_AHEAD = 0.002
 INTRODUCE_IN = 0.05
 # Late wake-ups after which a call goes anyway (with a warning) rather than book again.
 MAX_REBOOKS = 3
+# A low-priority call books only a slot due within its limiter's margin (or one of its
+# key's slots, if shorter; two round trips to the store, if longer), and never one
+# less than this (µs) ahead.
+REACH_US = 5_000
+# Its shortest sleep between two asks (µs).
+MIN_NAP_US = 1_000
 
 
 def charges(core: LimiterCore, key: str, cost: int, also: Also, now: float) -> tuple[Charge, ...]:
@@ -142,6 +148,7 @@ def acquire_flow(
     also: Also = (),
     lease_id: str = "",
     pool: tuple[str, ...] = (),
+    polling: bool = False,
 ) -> Flow[Decision]:
     """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
@@ -165,6 +172,9 @@ def acquire_flow(
     ``pool``: a pool's call (acquire_any), on the one of these keys whose slot is
     earliest; once answered, it is a call on that key (``Decision.key``), and a call
     that books again (a pause found while it slept, a late wake-up) chooses again.
+
+    ``polling``: one ask of a low-priority call (``yielding_flow``): an acquire whose
+    refusal, a slot beyond its wait, is returned and is no event of its own.
     """
     # The transports (recheck_pause) read the response's quota headers: mark for them.
     op = acquire_op(core, key, cost, max_wait_us, started, also, lease_id, recheck_pause, pool)
@@ -234,6 +244,8 @@ def acquire_flow(
             refused = _decision(
                 core, verdict, cost, late_wakeups=late_wakeups, rates=rates, key=picked
             )
+            if polling:
+                return refused
             if core._listeners:
                 kind = REFUSED if refusal else TIMED_OUT
                 core._emit(kind, op.key, cost=cost, retry_after=refused.retry_after)
@@ -263,6 +275,9 @@ def acquire_flow(
             # from the caller's start, it would wait past its timeout. The slot stays
             # booked, unused (counted with the late wake-ups' slots): under-use, never a
             # wait the caller did not allow.
+            if polling:
+                late_verdict = verdict._replace(allowed=False)
+                return _decision(core, late_verdict, cost, rates=rates, key=picked)
             if core._listeners:
                 core._emit(TIMED_OUT, op.key, cost=cost, retry_after=max(0.0, wake - now))
             raise ThrottleTimeout(max(0.0, wake - now), late_wakeups=late_wakeups + 1)
@@ -399,9 +414,14 @@ def waiting_flow(
     also: Also = (),
     lease_id: str = "",
     pool: tuple[str, ...] = (),
+    priority: str = NORMAL,
 ) -> Flow[Decision]:
     """The flow of an acquire (raising ThrottleTimeout), from local time ``now``."""
     wait = core._config.max_wait_us(timeout)
+    if priority != NORMAL:
+        return yielding_flow(
+            core, key, cost, wait, now, recheck_pause=recheck_pause, also=also, pool=pool
+        )
     return acquire_flow(
         core,
         key,
@@ -416,6 +436,75 @@ def waiting_flow(
     )
 
 
+def yielding_flow(
+    core: LimiterCore,
+    key: str,
+    cost: int,
+    max_wait_us: int,
+    started: float,
+    *,
+    recheck_pause: bool,
+    also: Also,
+    pool: tuple[str, ...],
+) -> Flow[Decision]:
+    """A low-priority acquire: it lets calls of the usual priority go first.
+
+    A call books its slot when it asks, and the calls that ask later queue behind it:
+    so a low-priority call books only a slot that is due within ``reach`` (the
+    limiter's margin, or one slot of its key if that is shorter: the widened gap, or
+    its tightest rate's period over its limit), and between asks sleeps until the slot
+    it was told of comes within reach. A call of the usual priority that comes
+    meanwhile books that slot, and waits for no low-priority call but one booked at
+    most ``reach`` ahead of it: less than one slot beyond its own turn. (A reach as
+    long as the lateness the margin allows keeps a wake-up that late from losing the
+    slot it woke for.) The cost: an ask for every slot the call lets go. Once it has
+    yielded for the limiter's ``low_priority_patience``, it queues as any call does
+    (never starved longer); its timeout still bounds the whole wait."""
+    config = core._config
+    patience_us = round(config.low_priority_patience * US)
+    within_us = min(config.margin_us, config.spacing_us)
+    now = started
+    while True:
+        spent_us = round((now - started) * US)
+        left_us = max_wait_us - spent_us
+        reach_us = max(REACH_US, within_us, round(2 * core._pacing.rtt * US))
+        if spent_us >= patience_us or left_us <= reach_us:
+            decision = yield from acquire_flow(
+                core,
+                key,
+                cost,
+                max(0, left_us),
+                now,
+                refusal=False,
+                recheck_pause=recheck_pause,
+                also=also,
+                pool=pool,
+            )
+            return dataclasses.replace(decision, waited=decision.waited + now - started)
+        decision = yield from acquire_flow(
+            core,
+            key,
+            cost,
+            reach_us,
+            now,
+            refusal=False,
+            recheck_pause=recheck_pause,
+            also=also,
+            pool=pool,
+            polling=True,
+        )
+        if decision.allowed:
+            return dataclasses.replace(decision, waited=decision.waited + now - started)
+        # Asleep until the slot it was told of is within reach, its patience is spent,
+        # or the rest of its wait is only reach: whichever comes first.
+        nap_us = min(
+            round(decision.retry_after * US) - reach_us,
+            patience_us - spent_us,
+            left_us - reach_us,
+        )
+        now = yield Sleep(max(MIN_NAP_US, nap_us) / US)
+
+
 def send_flow(
     core: LimiterCore,
     key: str,
@@ -425,12 +514,22 @@ def send_flow(
     also: Also = (),
     lease_id: str = "",
     pool: tuple[str, ...] = (),
+    priority: str = NORMAL,
 ) -> Flow[Decision]:
     """acquire as the clients built on a limiter use it before each request: a call that
     slept looks for a pause first, and the answer marks where a limit learned from the
     response counts from."""
     return waiting_flow(
-        core, key, cost, timeout, now, recheck_pause=True, also=also, lease_id=lease_id, pool=pool
+        core,
+        key,
+        cost,
+        timeout,
+        now,
+        recheck_pause=True,
+        also=also,
+        lease_id=lease_id,
+        pool=pool,
+        priority=priority,
     )
 
 
@@ -444,11 +543,14 @@ def lease_flow(
     also: Also,
     lease_id: str,
     before_request: bool,
+    priority: str = NORMAL,
 ) -> Flow[Decision]:
     """A lease's admission: an acquire that, capped, waits its turn under the caps."""
     if before_request:
         return send_flow(core, key, cost, timeout, now, also, lease_id=lease_id)
-    return waiting_flow(core, key, cost, timeout, now, also=also, lease_id=lease_id)
+    return waiting_flow(
+        core, key, cost, timeout, now, also=also, lease_id=lease_id, priority=priority
+    )
 
 
 def end_flow(

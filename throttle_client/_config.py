@@ -26,6 +26,13 @@ US = 1_000_000
 log = logging.getLogger("throttle_client")
 
 
+def check_priority(value: object, where: str) -> str:
+    """``value`` as a call's priority, or a ValueError naming it and ``where`` it came from."""
+    if value not in PRIORITIES:
+        raise ValueError(f"{where} must be 'normal' or 'low', not {value!r}")
+    return str(value)
+
+
 def us_to_seconds(us: int) -> float:
     """µs, as the store counts, in seconds, as the user reads them."""
     return us / US
@@ -38,6 +45,11 @@ DEFAULT_MARGIN = 0.025
 # slots within this; the living renew theirs every third of it (Redisson's watchdog
 # convention). The least allowed keeps renewals (and tests of crashes) sane.
 DEFAULT_LEASE_TTL = 30.0
+# A call's priorities: a "low" one lets "normal" ones go first (_acquiring.yielding_flow),
+# for at most its limiter's low_priority_patience (seconds; this by default).
+NORMAL, LOW = "normal", "low"
+PRIORITIES = (NORMAL, LOW)
+DEFAULT_PATIENCE = 30.0
 MIN_LEASE_TTL = 0.1
 
 
@@ -58,12 +70,14 @@ class Config:
     lease_ttl: float  # seconds
     label: Callable[[str], str] | None
     history: History | None  # None: no usage history is kept
+    low_priority_patience: float  # seconds
     # What follows from the above:
     quota: Quota  # a calendar rate's windows hold 0: Planner.quota_at fills them in
     margin_us: int
     calendar: bool  # whether some rate is a calendar rate
     max_cost: int  # the largest cost that can ever be admitted
     horizon: float  # the longest a call counts after its slot (seconds)
+    spacing_us: int  # a slot, at saturation: the widened gap, or the tightest rate's share
     zone: str  # the zone usage history is counted in
     card: Card  # the rules every key's card shows
 
@@ -84,6 +98,7 @@ class Config:
         lease_ttl: float | timedelta | None,
         label: Callable[[str], str] | None,
         history: History | bool,
+        low_priority_patience: float | timedelta = DEFAULT_PATIENCE,
     ) -> Config:
         """The limiter's keyword arguments, each checked: a bad one raises
         ConfigurationError (or TypeError) naming it and its value."""
@@ -157,11 +172,15 @@ class Config:
             lease_ttl=ttl,
             label=label,
             history=kept,
+            low_priority_patience=bounded_seconds(low_priority_patience, "low_priority_patience"),
             quota=quota,
             margin_us=margin_us,
             calendar=any(rate.calendar for rate in checked),
             max_cost=min(rate.limit for rate in checked),
             horizon=max(gap, *(rate.period for rate in checked)) + slack,
+            spacing_us=max(
+                quota.min_interval_us, *(round(rate.period * US / rate.limit) for rate in checked)
+            ),
             zone=zone,
             card=Card(None, name, rules, gap, slack, cap, zone if kept else None),
         )

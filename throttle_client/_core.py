@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from ._backends.base import AsyncBackend, Backend, InlineAsync, ThreadedAsync
-from ._config import DEFAULT_MARGIN, Config
+from ._config import DEFAULT_MARGIN, DEFAULT_PATIENCE, Config
 from ._errors import ConfigurationError
 from ._events import Event, Listener, Listeners
 from ._failure import FailureGuard, OnUnavailable
@@ -64,6 +64,7 @@ class LimiterCore:
         lease_ttl: float | timedelta | None = None,
         label: Callable[[str], str] | None = None,
         history: History | bool = False,
+        low_priority_patience: float | timedelta = DEFAULT_PATIENCE,
     ) -> None:
         store = self._adopt(backend)  # (a wrong backend is refused before anything else)
         config = Config.build(
@@ -80,6 +81,7 @@ class LimiterCore:
             lease_ttl=lease_ttl,
             label=label,
             history=history,
+            low_priority_patience=low_priority_patience,
         )
         kept = store_of(store).features
         missing = {feature: why for feature, why in config.needs().items() if feature not in kept}
@@ -97,6 +99,7 @@ class LimiterCore:
         self.namespace = config.namespace
         self.max_concurrent = config.max_concurrent
         self.lease_ttl = config.lease_ttl
+        self.low_priority_patience = config.low_priority_patience
         # Local time: the injected clock (which the store then follows too), else a
         # monotonic one; Pacing relates it to the store's clock.
         self._local: Callable[[], float] = clock or time.monotonic

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
+from ._config import check_priority
 from ._errors import ConfigurationError
 from ._limiter import AsyncLimiter, Limiter
 
@@ -130,6 +131,7 @@ def throttled(
     cost: int | str | Callable[..., int] = 1,
     timeout: float | timedelta | None = None,
     also: Sequence[tuple[Any, ...]] = (),
+    priority: str = "normal",
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make every call of the decorated function wait for its slot first; on a limiter
     with ``max_concurrent`` the call holds a lease while it runs (see ``Limiter.lease``).
@@ -140,7 +142,8 @@ def throttled(
     for a slot; beyond it ``ThrottleTimeout`` is raised and the function is not called.
     ``also``: (limiter, key) pairs each call is charged to as well, all or nothing, the
     key given as ``key`` is (an argument name, or a callable over the call's arguments);
-    a third item, given as ``cost`` is, charges that key another cost.
+    a third item, given as ``cost`` is, charges that key another cost. ``priority``:
+    ``"low"`` lets calls of the usual priority go first (see ``Limiter.acquire``).
     A plain function needs a :class:`Limiter`, a coroutine function (or an object
     whose ``__call__`` is one) an :class:`AsyncLimiter`. Name, docstring and signature
     are kept; methods work. Generator functions are refused: their body runs while
@@ -152,6 +155,7 @@ def throttled(
     >>> @throttled(async_limiter, key=lambda client, user: user.token, cost=2)
     ... async def profile(client: httpx.AsyncClient, user: User) -> dict: ...
     """
+    check_priority(priority, "priority")  # (here, not at the first call)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         for kind, test in (
@@ -184,6 +188,7 @@ def throttled(
                     plan.cost_of(args, kwargs),
                     timeout=timeout,
                     also=plan.also_of(args, kwargs),
+                    priority=priority,
                 ):
                     return await func(*args, **kwargs)
 
@@ -201,6 +206,7 @@ def throttled(
                 plan.cost_of(args, kwargs),
                 timeout=timeout,
                 also=plan.also_of(args, kwargs),
+                priority=priority,
             ):
                 return func(*args, **kwargs)
 

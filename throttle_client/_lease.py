@@ -33,8 +33,9 @@ from typing import Any
 from ._acquiring import charges, end_flow, lease_cards, lease_flow
 from ._backends import leases
 from ._backends.base import Charge
+from ._config import NORMAL, check_priority
 from ._core import LimiterCore
-from ._errors import BackendError, BackendUnavailable
+from ._errors import BackendError, BackendUnavailable, ConfigurationError
 from ._events import LEASED, RELEASED
 from ._flow import arun, refuse_in_event_loop, run
 from ._planning import call_id
@@ -56,8 +57,11 @@ class _Held:
         timeout: float | timedelta | None,
         also: Sequence[Any],
         before_request: bool,
+        priority: str = NORMAL,
     ) -> None:
         self.limiter = limiter
+        # (checked only when not the usual one: no cost to a plain call)
+        self.priority = priority if priority == NORMAL else check_priority(priority, "priority")
         self.key, self.cost, self.timeout, self.also = key, cost, timeout, tuple(also)
         self.before_request = before_request  # the transports: look for a pause after a sleep
         self.charges: tuple[Charge, ...] = ()
@@ -71,6 +75,11 @@ class _Held:
     def begin(self) -> None:
         limiter = self.limiter
         if limiter._capped(self.also):
+            if self.priority != NORMAL:
+                raise ConfigurationError(
+                    f"priority={self.priority!r} on a capped call: its leases are granted "
+                    "in one queue, whatever the priority"
+                )
             self.charges = charges(limiter, self.key, self.cost, self.also, limiter._local())
             doorbell = limiter._backend().doorbell
             self.lease_id = doorbell.lease_id(call_id())
@@ -87,6 +96,7 @@ class _Held:
             also=self.also,
             lease_id=self.lease_id,
             before_request=self.before_request,
+            priority=self.priority,
         )
 
     def granted(self) -> None:

@@ -21,6 +21,7 @@ import httpx
 from ._acquiring import acquire_flow, waiting_flow
 from ._backends import legacy
 from ._backends.base import AsyncBackend, Backend
+from ._config import check_priority
 from ._core import LimiterCore
 from ._feedback import QuotaView
 from ._flow import AwaitGrant, Call, Introduce, LimiterStep, Sleep, arun, refuse_in_event_loop, run
@@ -67,6 +68,9 @@ class Limiter(LimiterCore):
     it keeps (24 months unless told), so a fleet that keeps making new keys would fill
     the store with them. ``True`` keeps the defaults of :class:`~throttle_client.History`,
     ``History(...)`` what it says.
+
+    ``low_priority_patience`` (seconds, default 30): the longest a ``priority="low"``
+    call lets calls of the usual priority go first; it then queues as they do.
 
     ``clock`` and ``sleep`` are for tests (see ``throttle_client.testing``). With a
     clock, Redis follows it instead of its own TIME.
@@ -124,6 +128,7 @@ class Limiter(LimiterCore):
         timeout: float | timedelta | None = None,
         *,
         also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
+        priority: str = "normal",
     ) -> Decision:
         """Book the earliest slot and sleep until it: one store round trip, one sleep.
         (Refused on a limiter with ``max_concurrent``: use :meth:`lease`.)
@@ -139,14 +144,27 @@ class Limiter(LimiterCore):
         their margins; this limiter's ``on_unavailable`` and ``retry_for`` decide for the
         whole call. The Decision's ``rates`` and ``remaining`` list this limiter's rates,
         then each other's.
+
+        ``priority="low"`` (a background crawl beside interactive calls): the call lets
+        the calls of the usual priority, ``"normal"``, go first, in every process of the
+        store. It books only a slot due within a round trip or two, and asks again as
+        each slot it lets go passes; a normal call that comes meanwhile waits for no low
+        one but one booked a moment ahead. After yielding for the limiter's
+        ``low_priority_patience`` (30 s by default) it queues as a normal call does.
         """
         refuse_in_event_loop("Limiter.acquire()")
         self._refuse_capped(also, "acquire")
-        flow = waiting_flow(self, key, cost, timeout, self._local(), also=also)
+        level = priority if priority == "normal" else check_priority(priority, "priority")
+        flow = waiting_flow(self, key, cost, timeout, self._local(), also=also, priority=level)
         return run(flow, self._perform)
 
     def acquire_any(
-        self, keys: Sequence[str], cost: int = 1, timeout: float | timedelta | None = None
+        self,
+        keys: Sequence[str],
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        priority: str = "normal",
     ) -> Decision:
         """:meth:`acquire` on a pool of keys used as one (several tokens of one quota):
         book the earliest slot among ``keys``, in one atomic step, and sleep until it.
@@ -158,7 +176,8 @@ class Limiter(LimiterCore):
         Cluster the keys must share a hash slot (``tag=``)."""
         refuse_in_event_loop("Limiter.acquire_any()")
         pool = self._pool(keys, "acquire_any")
-        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool)
+        level = priority if priority == "normal" else check_priority(priority, "priority")
+        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool, priority=level)
         return run(flow, self._perform)
 
     def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
@@ -177,6 +196,7 @@ class Limiter(LimiterCore):
         timeout: float | timedelta | None = None,
         *,
         also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
+        priority: str = "normal",
     ) -> Lease:
         """A call held from its admission until the block ends: ``with limiter.lease(key)
         as decision:``. Entering waits, as :meth:`acquire` does, for the call's slot and,
@@ -184,8 +204,9 @@ class Limiter(LimiterCore):
         under every cap, in arrival order; ``timeout`` bounds the whole wait
         (ThrottleTimeout). Leaving ends the lease, and the next waiter goes at once.
         ``timeout=0`` does not wait: a full cap raises ThrottleTimeout at once. Without a
-        cap it is an :meth:`acquire` whose end does nothing."""
-        return Lease(_Held(self, key, cost, timeout, also, before_request=False))
+        cap it is an :meth:`acquire` whose end does nothing (and may have a ``priority``:
+        see :meth:`acquire`)."""
+        return Lease(_Held(self, key, cost, timeout, also, False, priority))
 
     @overload
     def usage(self, key: str) -> Usage: ...
@@ -298,22 +319,31 @@ class AsyncLimiter(LimiterCore):
         timeout: float | timedelta | None = None,
         *,
         also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
+        priority: str = "normal",
     ) -> Decision:
         """Book the earliest slot and sleep until it; ThrottleTimeout if it is too far.
+        ``also`` and ``priority``: see :meth:`Limiter.acquire`.
 
         A task cancelled while it sleeps keeps its booked slot: the quota errs on the
         side of under-use, never over-use.
         """
         self._refuse_capped(also, "acquire")
-        flow = waiting_flow(self, key, cost, timeout, self._local(), also=also)
+        level = priority if priority == "normal" else check_priority(priority, "priority")
+        flow = waiting_flow(self, key, cost, timeout, self._local(), also=also, priority=level)
         return await arun(flow, self._perform)
 
     async def acquire_any(
-        self, keys: Sequence[str], cost: int = 1, timeout: float | timedelta | None = None
+        self,
+        keys: Sequence[str],
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        priority: str = "normal",
     ) -> Decision:
         """See :meth:`Limiter.acquire_any`: ``(await limiter.acquire_any(tokens)).key``."""
         pool = self._pool(keys, "acquire_any")
-        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool)
+        level = priority if priority == "normal" else check_priority(priority, "priority")
+        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool, priority=level)
         return await arun(flow, self._perform)
 
     async def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
@@ -329,10 +359,11 @@ class AsyncLimiter(LimiterCore):
         timeout: float | timedelta | None = None,
         *,
         also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
+        priority: str = "normal",
     ) -> AsyncLease:
         """``async with limiter.lease(key) as decision:``; see :meth:`Limiter.lease`.
         A task cancelled while it waits gives its place up."""
-        return AsyncLease(_Held(self, key, cost, timeout, also, before_request=False))
+        return AsyncLease(_Held(self, key, cost, timeout, also, False, priority))
 
     @overload
     async def usage(self, key: str) -> Usage: ...

@@ -25,6 +25,7 @@ from typing import Any, Generic, cast
 import httpx
 
 from ._acquiring import send_flow
+from ._config import NORMAL, check_priority
 from ._errors import ConfigurationError
 from ._events import UPSTREAM_STATUS, Listener
 from ._feedback import Feedback, read_feedback
@@ -57,6 +58,9 @@ LONG_WAIT = 10.0
 # The request extension that bounds one request's wait for its slot, instead of the
 # transport's acquire_timeout: client.get(url, extensions={"acquire_timeout": 2.5}).
 ACQUIRE_TIMEOUT = "acquire_timeout"
+# The request extension that sets one request's priority, instead of the transport's:
+# client.get(url, extensions={"priority": "low"}).
+PRIORITY = "priority"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Plan(Generic[L]):
     # The route's, else the transport's: the request goes out with the token whose slot
     # is earliest, and ``key`` is that token once it is admitted (the first before).
     pool: TokenPool | None = None
+    priority: str = NORMAL  # "low": it lets the requests of the usual priority go first
 
     @functools.cached_property  # (only a log line asks: most requests never do)
     def label(self) -> str:
@@ -127,6 +132,7 @@ class TransportCore(Generic[L]):
     learn: bool = True  # hold a key to quota headers stricter than its rates
     pauses: PausesFunc[L] | None = None  # which limiters a pause holds (None: the own)
     pool: TokenPool | None = None  # the tokens requests go out with (None: their own)
+    priority: str = NORMAL  # its requests', unless one's extension says otherwise
     _warned: set[str] = field(default_factory=set)
     _warned_routes: set[str] = field(default_factory=set)  # of credentials keyed by host
 
@@ -136,6 +142,7 @@ class TransportCore(Generic[L]):
         self.also = checked_also(self.also)
         checked_pauses(self.pauses)
         checked_pool(self.pool)
+        self.priority = check_priority(self.priority, f"{transport}'s priority")
         if self.limiter is None and not self.routes:
             raise ConfigurationError(f"{transport} needs a limiter, routes, or both")
         partners: list[L] = [spec[0] for spec in self.also]
@@ -156,6 +163,12 @@ class TransportCore(Generic[L]):
         ]
         for route in self.routes:
             pooled.append((route.limiter, bool(route.also or self.also), route.pool or self.pool))
+        capped = [one for one, *_ in pooled if one is not None and one.max_concurrent]
+        if self.priority != NORMAL and capped:
+            raise ConfigurationError(
+                f"{transport}: priority={self.priority!r} on {capped[0]!r}: a capped "
+                "limiter's requests wait for their leases in one queue, whatever their priority"
+            )
         for limiter, also, pool in pooled:
             if pool is not None and limiter is not None and (also or limiter.max_concurrent):
                 raise ConfigurationError(
@@ -205,6 +218,15 @@ class TransportCore(Generic[L]):
             timeout = acquire_timeout(
                 request.extensions[ACQUIRE_TIMEOUT], "the request extension acquire_timeout"
             )
+        priority = self.priority
+        if PRIORITY in request.extensions:
+            asked = request.extensions[PRIORITY]
+            priority = check_priority(asked, "the request extension priority")
+        if priority != NORMAL and limiter.max_concurrent:
+            raise ConfigurationError(
+                f"priority={priority!r} on {limiter!r}: a capped limiter's requests wait "
+                "for their leases in one queue, whatever their priority"
+            )
         pool = route.pool if route is not None and route.pool is not None else self.pool
         if pool is not None and not pool.serves(request):
             pool = None  # (another host, or the request's own credentials: no token of it)
@@ -227,6 +249,7 @@ class TransportCore(Generic[L]):
             timeout=timeout,
             pauses=pauses,
             pool=pool,
+            priority=priority,
         )
 
     def warn_missed_credentials(self, request: httpx.Request, route: str) -> None:
@@ -261,13 +284,25 @@ class TransportCore(Generic[L]):
                 decision, lease = yield Hold(plan, plan.timeout)
             elif plan.pool is None:
                 decision = yield from send_flow(
-                    limiter, plan.key, plan.cost, plan.timeout, now, also=plan.also
+                    limiter,
+                    plan.key,
+                    plan.cost,
+                    plan.timeout,
+                    now,
+                    also=plan.also,
+                    priority=plan.priority,
                 )
             else:  # the token whose slot is earliest: it goes on the request
                 pool = plan.pool
                 tokens = limiter._pool(pool.tokens, "TokenPool")  # (checked once: a Cluster's slot)
                 decision = yield from send_flow(
-                    limiter, plan.key, plan.cost, plan.timeout, now, pool=tokens
+                    limiter,
+                    plan.key,
+                    plan.cost,
+                    plan.timeout,
+                    now,
+                    pool=tokens,
+                    priority=plan.priority,
                 )
                 plan = dataclasses.replace(plan, key=decision.key or tokens[0])
                 # On a copy: httpx builds a redirect from the request it was given, which

@@ -84,6 +84,11 @@ class ThrottledTransport(httpx.BaseTransport):
     of its own key; a retry may take another token, and a 429 pauses the token it was
     sent with. A route's ``pool`` wins.
 
+    ``priority``: its requests' (:meth:`Limiter.acquire`); ``"low"`` lets the requests
+    of the usual priority, of this transport or any other, go first. One request's own
+    is set by the extension ``priority``: ``client.get(url, extensions={"priority":
+    "low"})``. Not on a limiter with ``max_concurrent``.
+
     On a limiter with ``max_concurrent`` each request holds a lease from its admission
     until its response is closed: read (``client.get``), or, streamed, closed by you
     (``with client.stream(...)``); a body already in memory ends it at once.
@@ -103,9 +108,21 @@ class ThrottledTransport(httpx.BaseTransport):
         learn: bool = True,
         pauses: PausesFunc[Limiter] | None = None,
         pool: TokenPool | None = None,
+        priority: str = "normal",
     ) -> None:
         self._core = TransportCore(
-            Limiter, limiter, routes, key, cost, retry, acquire_timeout, also, learn, pauses, pool
+            Limiter,
+            limiter,
+            routes,
+            key,
+            cost,
+            retry,
+            acquire_timeout,
+            also,
+            learn,
+            pauses,
+            pool,
+            priority,
         )
         self._transport = transport if transport is not None else httpx.HTTPTransport()
 
@@ -171,6 +188,7 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
         learn: bool = True,
         pauses: PausesFunc[AsyncLimiter] | None = None,
         pool: TokenPool | None = None,
+        priority: str = "normal",
     ) -> None:
         self._core = TransportCore(
             AsyncLimiter,
@@ -184,6 +202,7 @@ class AsyncThrottledTransport(httpx.AsyncBaseTransport):
             learn,
             pauses,
             pool,
+            priority,
         )
         self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
@@ -251,6 +270,7 @@ class ThrottledClient(httpx.Client):
         learn: bool = True,
         pauses: PausesFunc[Limiter] | None = None,
         pool: TokenPool | None = None,
+        priority: str = "normal",
         transport: httpx.BaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -268,6 +288,7 @@ class ThrottledClient(httpx.Client):
             learn=learn,
             pauses=pauses,
             pool=pool,
+            priority=priority,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled
@@ -298,6 +319,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
         learn: bool = True,
         pauses: PausesFunc[AsyncLimiter] | None = None,
         pool: TokenPool | None = None,
+        priority: str = "normal",
         transport: httpx.AsyncBaseTransport | None = None,
         **kwargs: Any,
     ) -> None:
@@ -315,6 +337,7 @@ class AsyncThrottledClient(httpx.AsyncClient):
             learn=learn,
             pauses=pauses,
             pool=pool,
+            priority=priority,
         )
         super().__init__(transport=throttled, **kwargs)
         self._throttled = throttled
