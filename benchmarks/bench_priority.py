@@ -16,6 +16,10 @@ and how many crawl calls went ahead of each: booked after it asked, before its s
 call to the last; and the store calls made per admitted call (the cost of asking again
 as each slot is let go).
 
+Then a hot token beside its account (a stacked call, ``also=``): four tokens of 8/s and
+their account of 20/s, four threads on one token and four on the others, that token's
+calls at the usual priority, then at ``priority="low"``: the account's share used.
+
     python benchmarks/bench_priority.py [--seconds 6] [--redis-server /usr/bin/redis-server]
 """
 
@@ -36,7 +40,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from throttle_client import Limiter, RedisBackend
+from throttle_client import Limiter, RedisBackend, ThrottleTimeout
 from throttle_client.testing import RedisServer
 
 RATES = ["1200/minute"]
@@ -126,6 +130,42 @@ def scenario(url: str, priority: str, seconds: float) -> dict[str, Any]:
     }
 
 
+def hot_token(url: str, priority: str, seconds: float) -> tuple[float, int]:
+    """Four tokens of 8/s, charged with their account of 20/s (``also=``); four threads
+    on token A, four on B, C and D. A stacked call books every key at its slot, so A's
+    calls, held back by A's own rate, book the account's later slots ahead of B's. A's
+    calls at ``priority`` (B's, C's and D's at the usual one). Returns the share of the
+    account's slots used (from the first call to the last) and the calls made."""
+    store = RedisBackend(url)
+    token = Limiter(store, rates=["8/second"], namespace=f"hot-{priority}-token")
+    account = Limiter(store, rates=["20/second"], namespace=f"hot-{priority}-account")
+    slots: list[float] = []
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def call(key: str, level: str) -> None:
+        while (left := end - time.monotonic()) > 0:
+            try:
+                decision = token.acquire(
+                    key, timeout=left, also=[(account, "account")], priority=level
+                )
+            except ThrottleTimeout:
+                return
+            with lock:
+                slots.append(decision.slot)
+
+    threads = [threading.Thread(target=call, args=("A", priority)) for _ in range(4)]
+    threads += [threading.Thread(target=call, args=(k, "normal")) for k in "BCDB"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    store.close()
+    slots.sort()
+    # What a sliding 20/s allows from the first slot to the last: 20 at once, then 20 a second.
+    return len(slots) / ((slots[-1] - slots[0]) * 20 + 20), len(slots)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0)
@@ -153,6 +193,14 @@ def main() -> None:
                 f"{max(found['ahead']):>5}{found['used']:>9.0%}"
                 f"{found['store_calls'] / admitted:>13.1f}"
             )
+        print(
+            f"\nA hot token beside its account: 4 tokens of 8/s, account 20/s (also=), "
+            f"4 threads on token A, 4 on B, C, D; {args.seconds:g} s"
+        )
+        print(f"{'token A priority':<18}{'calls':>7}{'account used':>14}")
+        for priority in ("normal", "low"):
+            used, calls = hot_token(server.url, priority, args.seconds)
+            print(f"{priority:<18}{calls:>7}{used:>13.1%}")
     print(
         "wait: how long an interactive call waited for its slot, in slots; crawl calls "
         "ahead: crawl calls booked after an interactive call asked (more than the margin "
