@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -317,6 +318,30 @@ def test_each_refusal_is_a_fresh_exception_chained_to_the_driver_error(
     depth = max(len(traceback.extract_tb(exc.__traceback__)) for exc in raised)
     assert depth < 10, depth
     assert all(isinstance(exc.__cause__, redis.ConnectionError) for exc in raised)
+
+
+@pytest.mark.parametrize("policy", ["raise", "allow", "local"])
+def test_a_limiter_that_met_an_outage_is_freed_at_once(own_redis: RedisServer, policy: str) -> None:
+    """The guard keeps the last error without the frames it passed through (the
+    limiter's among them): a limiter dropped after an outage is freed at once, its
+    connections with it, not whenever the collector runs."""
+    on_unavailable: Any = LocalFallback(expected_workers=2) if policy == "local" else policy
+    own_redis.kill()
+    gc.collect()
+    gc.disable()
+    try:
+        backend = RedisBackend(own_redis.url)
+        limiter = Limiter(backend, rates=["5/second"], on_unavailable=on_unavailable, retry_for=0)
+        for _ in range(2):
+            with contextlib.suppress(BackendUnavailable):
+                limiter.try_acquire("token")
+        assert limiter._guard.last_error.__cause__ is not None  # the driver's error, kept
+        gone = weakref.ref(limiter)
+        del limiter
+        assert gone() is None
+        backend.close()
+    finally:
+        gc.enable()
 
 
 # -- a client the user built with redis-py's defaults ------------------------------------

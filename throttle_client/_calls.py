@@ -18,7 +18,7 @@ import tenacity
 from ._backends.base import Op, Snapshot, Verdict
 from ._backends.batching import GivenUp
 from ._core import LimiterCore
-from ._errors import BackendError, BackendUnavailable
+from ._errors import BackendError, BackendUnavailable, shed_frames
 from ._events import FALLBACK, STORE_ERROR
 from ._failure import shrink
 from ._flow import Call, Flow, Introduce, ReadClock, Sleep
@@ -51,6 +51,7 @@ def execute_flow(core: LimiterCore, op: Op[T], now: float) -> Flow[tuple[T, bool
             guard.failed(exc, now)
             if core._listeners:
                 core._emit(STORE_ERROR, op.key, reason=type(exc.__cause__ or exc).__name__)
+            shed_frames(exc)  # (what is raised from here on is made from the guard's copy)
             return fallback(core, op), False, now
     guard.succeeded()
     return result, True, now

@@ -11,6 +11,19 @@ ThrottleError
 from __future__ import annotations
 
 
+def shed_frames(exc: BaseException | None) -> None:
+    """Drop the tracebacks of ``exc`` and of the errors it was raised from or while
+    handling. A traceback holds the frames its error passed through, the caller's
+    limiter among them, and a frame that holds the error (or the limiter, which holds
+    its last error) closes a cycle: the limiter and its connections would live on until
+    the collector runs. Only for an error that no one will raise again."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
 class ThrottleError(Exception):
     """Root of every error this library raises on purpose."""
 

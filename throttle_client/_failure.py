@@ -20,6 +20,7 @@ to let a call through: that BackendError always propagates.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -126,9 +127,12 @@ class FailureGuard:
 
     def ring_through(self, store: Any) -> None:
         """The in-process fallback grants leases to the limiter's waiters, who wait on
-        the store's doorbell: it rings that one. (Only then is the doorbell made.)"""
+        the store's doorbell: it rings that one. (Made here, with the limiter, so that
+        threads of a capped key never make two at once: a lease named for one that no
+        subscriber hears would wait for its grant to be looked for.)"""
+        doorbell = store.doorbell
         if self.fallback is not None:
-            self.fallback.doorbell = store.doorbell
+            self.fallback.doorbell = doorbell
 
     # -- before and after the store is asked ------------------------------------------
 
@@ -164,13 +168,13 @@ class FailureGuard:
 
     def failed(self, exc: BackendUnavailable, now: float) -> None:
         with self._lock:
-            self.last_error = exc
+            self.last_error = _detached(exc)
             self._down_until = now + COOLDOWN
             if not self._down:
                 self._down = True
                 log.warning(
                     "the store is unavailable (%s); on_unavailable=%r applies",
-                    exc,
+                    self.last_error,  # (a record may be kept: not the error with its frames)
                     self.on_unavailable,
                 )
 
@@ -250,3 +254,20 @@ def shrink(op: Op[T], spent: float) -> Op[T]:
             left = max(0, left - max(0, int(spent * 1_000_000)))
         return cast(Op[T], dataclasses.replace(op, max_wait_us=left, retry=True))
     return op
+
+
+def _detached(exc: BackendUnavailable) -> BackendUnavailable:
+    """``exc`` as the guard keeps it, chained to a copy of the driver's error, neither
+    with a traceback: a traceback holds the frames it passed through, the limiter's among
+    them, and the limiter holds the guard: a cycle that would keep the limiter and its
+    connections alive until the collector runs. (The refusals raised from it say the
+    driver error's type and message; the first one logged its place.)"""
+    cause = exc.__cause__
+    if cause is not None:
+        try:
+            cause = copy.copy(cause).with_traceback(None)
+        except Exception:  # (an exception type that cannot be copied: its message)
+            cause = BackendUnavailable(f"{type(cause).__name__}: {cause}")
+    kept = BackendUnavailable(str(exc))
+    kept.__cause__ = cause
+    return kept

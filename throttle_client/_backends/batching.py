@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, shed_frames
 from .ops import Op
 
 S = TypeVar("S")  # a step of the call's flow
@@ -241,6 +241,7 @@ class Batcher(Generic[S]):
             yield from self._send([], [])
         except BackendUnavailable as exc:
             failure = exc
+            shed_frames(exc)  # (held in this frame, which its traceback holds: a cycle)
         except Exception:
             pass  # the store answered: the operations' own call will meet the error
         except BaseException:

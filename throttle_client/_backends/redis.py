@@ -99,11 +99,17 @@ def _script_sender(calls: Calls, repairs: RepairNotice, disagree: Disagreements)
 
 
 def _loosen(error: BaseException) -> None:
-    """Clear the locals of the driver's frames ``error`` was raised through (they have
-    all returned). redis-py raises an error reply from a frame that holds it as a local:
-    a cycle, through the traceback, with every frame up to the caller's, which keeps
-    the backend alive, its sockets open, until the collector runs."""
-    traceback.clear_frames(error.__traceback__)
+    """Clear the locals of the driver's frames ``error`` (and the errors it was raised
+    from) passed through: they have all returned. redis-py raises an error reply from a
+    frame that holds it as a local, and an OSError from one that keeps it to raise
+    later: a cycle, through the traceback, with every frame up to the caller's, which
+    keeps the backend alive, its sockets open, until the collector runs."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__cause__ or cause.__context__
 
 
 def _subscribers_of(backend: weakref.ref[Any]) -> Callable[[], list[redis.Redis]]:
