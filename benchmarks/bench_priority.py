@@ -132,7 +132,7 @@ def scenario(url: str, priority: str, seconds: float) -> dict[str, Any]:
 
 def hot_token(url: str, priority: str, seconds: float) -> tuple[float, int]:
     """Four tokens of 8/s, charged with their account of 20/s (``also=``); four threads
-    on token A, four on B, C and D. A stacked call books every key at its slot, so A's
+    on token A, four on B, C and D (two on B). A stacked call books every key at its slot, so A's
     calls, held back by A's own rate, book the account's later slots ahead of B's. A's
     calls at ``priority`` (B's, C's and D's at the usual one). Returns the share of the
     account's slots used (from the first call to the last) and the calls made."""
@@ -181,7 +181,7 @@ def main() -> None:
         )
         print(
             f"{'crawl priority':<16}{'interactive':>12}{'wait p50':>10}{'max':>6}"
-            f"{'crawl calls ahead p50':>23}{'max':>5}{'key used':>10}{'store calls':>13}"
+            f"{'crawl calls ahead p50':>23}{'max':>5}{'key used':>10}{'script calls':>14}"
         )
         for priority in ("normal", "low"):
             found = scenario(server.url, priority, args.seconds)
@@ -191,11 +191,11 @@ def main() -> None:
                 f"{priority:<16}{len(waits):>12}{statistics.median(waits):>10.2f}"
                 f"{max(waits):>6.2f}{statistics.median(found['ahead']):>23.0f}"
                 f"{max(found['ahead']):>5}{found['used']:>9.0%}"
-                f"{found['store_calls'] / admitted:>13.1f}"
+                f"{found['store_calls'] / admitted:>14.1f}"
             )
         print(
             f"\nA hot token beside its account: 4 tokens of 8/s, account 20/s (also=), "
-            f"4 threads on token A, 4 on B, C, D; {args.seconds:g} s"
+            f"4 threads on token A, 4 on B, C, D (two on B); {args.seconds:g} s"
         )
         print(f"{'token A priority':<18}{'calls':>7}{'account used':>14}")
         for priority in ("normal", "low"):
@@ -205,8 +205,8 @@ def main() -> None:
         "wait: how long an interactive call waited for its slot, in slots; crawl calls "
         "ahead: crawl calls booked after an interactive call asked (more than the margin "
         "after) that went before it; key used: every call, against the slots from the "
-        "first to the last; store calls: script calls per admitted call, every "
-        "process's"
+        "first to the last; script calls: EVALSHA/FCALL calls per admitted call, every "
+        "process's (fewer than one: calls batched together)"
     )
 
 

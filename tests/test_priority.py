@@ -162,6 +162,34 @@ def test_a_low_calls_timeout_bounds_its_whole_wait(make_limiter: Any) -> None:
     assert low.acquire("token", timeout=3.0, priority="low").slot == clock.now
 
 
+def test_a_low_call_whose_slot_lies_past_its_timeout_is_refused_at_once(
+    make_limiter: Any,
+) -> None:
+    clock = FakeClock()
+    crawl = crawl_limiter(make_limiter, clock)
+    for _ in range(6):
+        crawl.acquire("token")  # the next slot is 6 s away
+    low = make_limiter(rates=RATES, min_interval=GAP, clock=clock, backend=crawl.backend)
+    began = clock.now
+    with pytest.raises(ThrottleTimeout) as raised:
+        low.acquire("token", timeout=3.0, priority="low")
+    # As a normal call: at once (slots never come sooner), saying when its slot is.
+    assert clock.now == began and raised.value.retry_after == pytest.approx(6 * GAP)
+
+
+def test_a_low_call_ends_though_its_sleeps_do_not_move_the_clock(make_limiter: Any) -> None:
+    """What it slept counts toward its patience and its timeout, not only the clock (an
+    injected sleep, a test's, may not move it)."""
+    clock = FakeClock()
+    crawl = crawl_limiter(make_limiter, clock)
+    crawl.acquire("token")
+    crawl.acquire("token")
+    with pytest.raises(ThrottleTimeout):
+        crawl.acquire("token", timeout=1.5, priority="low")
+    decision = crawl.acquire("token", timeout=60, priority="low")  # patience, then queued
+    assert decision.allowed and decision.slot - clock.now == pytest.approx(2 * GAP)
+
+
 def test_a_low_call_on_a_pool_lets_a_normal_one_take_the_free_key(make_limiter: Any) -> None:
     clock = FakeClock()
     t0 = clock.now
@@ -206,7 +234,7 @@ def test_a_priority_other_than_normal_or_low_is_refused_by_name() -> None:
         limiter.lease("token", priority="LOW")
     with pytest.raises(ValueError, match="'urgent'"):
         throttled(limiter, key="token", priority="urgent")
-    with pytest.raises(ValueError, match="priority must be 'normal' or 'low', not 2"):
+    with pytest.raises(ConfigurationError, match="priority must be 'normal' or 'low', not 2"):
         ThrottledTransport(limiter, priority=2)  # type: ignore[arg-type]
     assert limiter.usage("token").rates[0].used == 0  # nothing booked by any of them
 
@@ -219,6 +247,17 @@ def test_a_bad_patience_is_refused_by_name(patience: Any) -> None:
 
 def test_a_capped_call_has_no_priority() -> None:
     capped = Limiter(MemoryBackend(), rates=RATES, max_concurrent=2)
+    plain = Limiter(capped.backend, rates=RATES, namespace="plain")
+    with pytest.raises(ConfigurationError, match="capped"):
+        throttled(capped, key="token", priority="low")  # at decoration, not the first call
+    with pytest.raises(ConfigurationError, match="capped"):
+        throttled(plain, key="token", also=[(capped, "account")], priority="low")
+    with pytest.raises(ConfigurationError, match="capped"):
+        ThrottledTransport(plain, also=[(capped, lambda r: "account")], priority="low")
+    ok = httpx.MockTransport(lambda r: httpx.Response(200))
+    stacked = ThrottledClient(plain, also=[(capped, lambda r: "account")], transport=ok)
+    with pytest.raises(ConfigurationError, match="capped"):
+        stacked.get("https://api.example.com/", extensions={"priority": "low"})
     with pytest.raises(ConfigurationError, match="capped"), capped.lease("token", priority="low"):
         pass
     with pytest.raises(ConfigurationError, match="capped"):

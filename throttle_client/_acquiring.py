@@ -148,7 +148,7 @@ def acquire_flow(
     also: Also = (),
     lease_id: str = "",
     pool: tuple[str, ...] = (),
-    polling: bool = False,
+    polling: int | None = None,
 ) -> Flow[Decision]:
     """try_acquire (``max_wait_us`` 0) and acquire, written once for both worlds.
 
@@ -173,8 +173,9 @@ def acquire_flow(
     earliest; once answered, it is a call on that key (``Decision.key``), and a call
     that books again (a pause found while it slept, a late wake-up) chooses again.
 
-    ``polling``: one ask of a low-priority call (``yielding_flow``): an acquire whose
-    refusal, a slot beyond its wait, is returned and is no event of its own.
+    ``polling``: one ask of a low-priority call (``yielding_flow``), which may wait
+    ``polling`` µs in all: an acquire whose refusal, a slot beyond ``max_wait_us``, is
+    returned and is no event of its own.
     """
     # The transports (recheck_pause) read the response's quota headers: mark for them.
     op = acquire_op(core, key, cost, max_wait_us, started, also, lease_id, recheck_pause, pool)
@@ -244,7 +245,7 @@ def acquire_flow(
             refused = _decision(
                 core, verdict, cost, late_wakeups=late_wakeups, rates=rates, key=picked
             )
-            if polling:
+            if polling is not None:
                 return refused
             if core._listeners:
                 kind = REFUSED if refusal else TIMED_OUT
@@ -269,13 +270,14 @@ def acquire_flow(
         # What a slot found within the wait the store was told of may still add: the
         # answer's way back, and what is not known of the store's clock.
         slack = EARLY + clock.spread(now) + 2 * usual_rtt
-        if not refusal and (wake - started - slack) * US > max_wait_us:
+        # (A low-priority call's ask is judged by all the wait it has left.)
+        if not refusal and (wake - started - slack) * US > (polling or max_wait_us):
             # The store found a slot within the wait it was told of, but the call got
             # there late (a connection to open, the script to load, retries): counted
             # from the caller's start, it would wait past its timeout. The slot stays
             # booked, unused (counted with the late wake-ups' slots): under-use, never a
             # wait the caller did not allow.
-            if polling:
+            if polling is not None:
                 late_verdict = verdict._replace(allowed=False)
                 return _decision(core, late_verdict, cost, rates=rates, key=picked)
             if core._listeners:
@@ -451,58 +453,63 @@ def yielding_flow(
 
     A call books its slot when it asks, and the calls that ask later queue behind it:
     so a low-priority call books only a slot that is due within ``reach`` (the
-    limiter's margin, or one slot of its key if that is shorter: the widened gap, or
-    its tightest rate's period over its limit), and between asks sleeps until the slot
+    narrowest margin of the call's limiters, or one slot of a key if that is shorter:
+    the widened gap, or the tightest rate's period over its limit; never less than two
+    round trips to the store, nor REACH_US), and between asks sleeps until the slot
     it was told of comes within reach. A call of the usual priority that comes
     meanwhile books that slot, and waits for no low-priority call but one booked at
     most ``reach`` ahead of it: less than one slot beyond its own turn. (A reach as
     long as the lateness the margin allows keeps a wake-up that late from losing the
     slot it woke for.) The cost: an ask for every slot the call lets go. Once it has
     yielded for the limiter's ``low_priority_patience``, it queues as any call does
-    (never starved longer); its timeout still bounds the whole wait."""
-    config = core._config
-    patience_us = round(config.low_priority_patience * US)
-    within_us = min(config.margin_us, config.spacing_us)
-    now = started
+    (never starved longer); its timeout still bounds the whole wait. Its ``waited``
+    is what it slept, between asks and for its slot."""
+    patience_us = round(core._config.low_priority_patience * US)
+    within_us = min(min(c._config.margin_us, c._config.spacing_us) for c in core._with(also))
+    now, napped_us = started, 0
     while True:
-        spent_us = round((now - started) * US)
+        # (What it slept counts, not only the clock: an injected sleep may not move it.)
+        spent_us = max(round((now - started) * US), napped_us)
         left_us = max_wait_us - spent_us
         reach_us = max(REACH_US, within_us, round(2 * core._pacing.rtt * US))
-        if spent_us >= patience_us or left_us <= reach_us:
+        if spent_us < patience_us and left_us > reach_us:
             decision = yield from acquire_flow(
                 core,
                 key,
                 cost,
-                max(0, left_us),
+                reach_us,
                 now,
                 refusal=False,
                 recheck_pause=recheck_pause,
                 also=also,
                 pool=pool,
+                polling=left_us,
             )
-            return dataclasses.replace(decision, waited=decision.waited + now - started)
+            if decision.allowed:
+                return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
+            slot_in_us = round(decision.retry_after * US)
+            if slot_in_us <= left_us:
+                # Asleep until the slot it was told of is within reach, its patience is
+                # spent, or the rest of its wait is only reach: whichever comes first.
+                nap_us = min(slot_in_us - reach_us, patience_us - spent_us, left_us - reach_us)
+                nap_us = max(MIN_NAP_US, nap_us)
+                napped_us += nap_us
+                now = yield Sleep(nap_us / US)
+                continue
+            # Its slot lies past its whole wait (slots never come sooner): the ask below
+            # says so at once, as a normal call's would.
         decision = yield from acquire_flow(
             core,
             key,
             cost,
-            reach_us,
+            max(0, left_us),
             now,
             refusal=False,
             recheck_pause=recheck_pause,
             also=also,
             pool=pool,
-            polling=True,
         )
-        if decision.allowed:
-            return dataclasses.replace(decision, waited=decision.waited + now - started)
-        # Asleep until the slot it was told of is within reach, its patience is spent,
-        # or the rest of its wait is only reach: whichever comes first.
-        nap_us = min(
-            round(decision.retry_after * US) - reach_us,
-            patience_us - spent_us,
-            left_us - reach_us,
-        )
-        now = yield Sleep(max(MIN_NAP_US, nap_us) / US)
+        return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
 
 
 def send_flow(

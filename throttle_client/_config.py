@@ -27,9 +27,9 @@ log = logging.getLogger("throttle_client")
 
 
 def check_priority(value: object, where: str) -> str:
-    """``value`` as a call's priority, or a ValueError naming it and ``where`` it came from."""
+    """``value`` as a call's priority, or a ConfigurationError naming it and ``where``."""
     if value not in PRIORITIES:
-        raise ValueError(f"{where} must be 'normal' or 'low', not {value!r}")
+        raise ConfigurationError(f"{where} must be 'normal' or 'low', not {value!r}")
     return str(value)
 
 

@@ -156,6 +156,13 @@ def throttled(
     ... async def profile(client: httpx.AsyncClient, user: User) -> dict: ...
     """
     check_priority(priority, "priority")  # (here, not at the first call)
+    if priority != "normal" and any(
+        getattr(one, "max_concurrent", None) for one in [limiter, *(spec[0] for spec in also)]
+    ):
+        raise ConfigurationError(
+            f"priority={priority!r} with a capped limiter: a capped call waits for its "
+            "lease in one queue, whatever its priority"
+        )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         for kind, test in (

@@ -77,8 +77,9 @@ class _Held:
         if limiter._capped(self.also):
             if self.priority != NORMAL:
                 raise ConfigurationError(
-                    f"priority={self.priority!r} on a capped call: its leases are granted "
-                    "in one queue, whatever the priority"
+                    f"priority={self.priority!r} on a capped call ({limiter!r} or an also= "
+                    "partner has max_concurrent): its leases are granted in one queue, "
+                    "whatever the priority; leave priority out"
                 )
             self.charges = charges(limiter, self.key, self.cost, self.also, limiter._local())
             doorbell = limiter._backend().doorbell

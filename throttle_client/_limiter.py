@@ -147,10 +147,12 @@ class Limiter(LimiterCore):
 
         ``priority="low"`` (a background crawl beside interactive calls): the call lets
         the calls of the usual priority, ``"normal"``, go first, in every process of the
-        store. It books only a slot due within a round trip or two, and asks again as
-        each slot it lets go passes; a normal call that comes meanwhile waits for no low
-        one but one booked a moment ahead. After yielding for the limiter's
-        ``low_priority_patience`` (30 s by default) it queues as a normal call does.
+        store. It books only a slot due within the limiter's margin (or within one slot
+        of the key, if that is shorter), and otherwise sleeps until its slot comes that
+        near and asks again; a normal call that comes meanwhile takes that slot, and
+        waits for no low-priority call that asked after it. After yielding for the
+        limiter's ``low_priority_patience`` (30 s by default) it queues as a normal call
+        does; ``timeout`` bounds the whole wait.
         """
         refuse_in_event_loop("Limiter.acquire()")
         self._refuse_capped(also, "acquire")

@@ -163,12 +163,16 @@ class TransportCore(Generic[L]):
         ]
         for route in self.routes:
             pooled.append((route.limiter, bool(route.also or self.also), route.pool or self.pool))
-        capped = [one for one, *_ in pooled if one is not None and one.max_concurrent]
-        if self.priority != NORMAL and capped:
-            raise ConfigurationError(
-                f"{transport}: priority={self.priority!r} on {capped[0]!r}: a capped "
-                "limiter's requests wait for their leases in one queue, whatever their priority"
-            )
+        if self.priority != NORMAL:
+            everyone = [self.limiter, *(route.limiter for route in self.routes)]
+            everyone += [spec[0] for spec in self.also]
+            everyone += [spec[0] for route in self.routes for spec in route.also]
+            capped = [one for one in everyone if one is not None and one.max_concurrent]
+            if capped:
+                raise ConfigurationError(
+                    f"{transport}: priority={self.priority!r} with {capped[0]!r}: a capped "
+                    "call waits for its lease in one queue, whatever its priority"
+                )
         for limiter, also, pool in pooled:
             if pool is not None and limiter is not None and (also or limiter.max_concurrent):
                 raise ConfigurationError(
@@ -222,11 +226,6 @@ class TransportCore(Generic[L]):
         if PRIORITY in request.extensions:
             asked = request.extensions[PRIORITY]
             priority = check_priority(asked, "the request extension priority")
-        if priority != NORMAL and limiter.max_concurrent:
-            raise ConfigurationError(
-                f"priority={priority!r} on {limiter!r}: a capped limiter's requests wait "
-                "for their leases in one queue, whatever their priority"
-            )
         pool = route.pool if route is not None and route.pool is not None else self.pool
         if pool is not None and not pool.serves(request):
             pool = None  # (another host, or the request's own credentials: no token of it)
@@ -236,11 +235,18 @@ class TransportCore(Generic[L]):
         route_name = f"{request.method} {host}{route.path if route else ''}"
         if pool is None and self.key is request_key and key == host:
             self.warn_missed_credentials(request, route_name)
+        charged = tuple(also_for(spec, request, cost) for spec in also)
+        if priority != NORMAL and limiter._capped(charged):
+            raise ConfigurationError(
+                f"priority={priority!r} on a request to a capped limiter ({limiter!r}, or "
+                "one of also=): a capped call waits for its lease in one queue, whatever "
+                "its priority"
+            )
         return Plan(
             limiter=limiter,
             key=key,
             cost=cost,
-            also=tuple(also_for(spec, request, cost) for spec in also),
+            also=charged,
             host=host,
             route=route_name,
             retryable=request.method in self.retry.methods
