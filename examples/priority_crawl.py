@@ -43,9 +43,10 @@ PER_SECOND = 5
 GAP = 0.1
 MARGIN = 0.05
 # A crawl request booked this soon after a user asked may go first: a low-priority
-# request books only a slot due within the margin, and its ask may have crossed the
-# user's (seconds; with what the two clocks read apart).
-REACH = MARGIN + 0.005
+# request books only a slot due within the margin, and its ask may reach the store
+# before the user's does (the user's request spends some milliseconds in the client
+# first, more on a busy machine: seconds).
+REACH = MARGIN + 0.025
 
 
 def capacity(seconds: float) -> int:
