@@ -9,8 +9,6 @@ arrives (the sleep hook below), so which one takes which slot is exact.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +24,6 @@ from throttle_client import (
     ThrottleTimeout,
     throttled,
 )
-from throttle_client._turns import LowTurns
 from throttle_client.testing import FakeClock
 
 GAP = 1.0  # one call a second: a slot is a second
@@ -385,56 +382,3 @@ async def test_an_async_low_request_lets_a_normal_one_go_first() -> None:
     assert [path for path, _ in arrived] == ["/interactive", "/crawl"]
     assert arrived[0][1] == 2 * GAP and arrived[1][1] >= 3 * GAP
     await asyncio.gather(interactive.aclose(), background.aclose())
-
-
-# -- many low-priority calls of one process -------------------------------------------------
-
-
-def test_each_waiting_low_call_of_a_process_holds_a_slot_of_its_own() -> None:
-    turns = LowTurns()
-    key, step = ("token",), 100
-    assert [turns.take(key, 1_000, step) for _ in range(3)] == [1_000, 1_100, 1_200]
-    assert turns.take(("other",), 1_000, step) == 1_000  # (another key's are its own)
-    turns.give_back(key, 1_100)
-    # 1,050 lies within a step of 1,000: the first slot a step from every other's is the
-    # one given back.
-    assert turns.take(key, 1_050, step) == 1_100
-    assert turns.take(key, 1_000, step) == 1_300
-    for slot in (1_000, 1_100, 1_200, 1_300):
-        turns.give_back(key, slot)
-    assert turns.take(key, 1_000, step) == 1_000  # none held any more
-
-
-class CountingStore(MemoryBackend):
-    """A memory store that counts the acquires it is asked."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asks = 0
-
-    def execute(self, op: Any) -> Any:
-        if type(op).__name__ == "Acquire":
-            self.asks += 1
-        return super().execute(op)
-
-
-def test_the_low_calls_of_a_process_ask_about_once_a_slot() -> None:
-    """Six threads of low-priority calls on a saturated key: each sleeps for a slot of
-    its own, instead of all waking for the next one and asking (six asks a slot)."""
-    store = CountingStore()
-    limiter = Limiter(store, rates=["600/minute"], min_interval=0.05, margin=0.01)
-    admitted: list[float] = []
-
-    def crawl() -> None:
-        for _ in range(4):
-            admitted.append(limiter.acquire("token", timeout=30, priority="low").slot)
-
-    threads = [threading.Thread(target=crawl) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(admitted) == 24
-    spacing = min(b - a for a, b in itertools.pairwise(sorted(admitted)))
-    assert spacing >= 0.06 - 1e-6  # the gap (widened by the margin) kept
-    assert store.asks <= 3.5 * len(admitted), store.asks  # six waiters: not six a slot

@@ -453,81 +453,67 @@ def yielding_flow(
 ) -> Flow[Decision]:
     """A low-priority acquire: it lets calls of the usual priority go first.
 
-        A call books its slot when it asks, and the calls that ask later queue behind it:
-        so a low-priority call books only a slot that is due within ``reach`` (the
-        narrowest margin of the call's limiters, or one slot of a key if that is shorter:
-        the widened gap, or the tightest rate's period over its limit; never less than two
-        round trips to the store, nor REACH_US), and between asks sleeps until the slot
-        it was told of comes within reach. A call of the usual priority that comes
-        meanwhile books that slot, and waits for no low-priority call but one booked at
-        most ``reach`` ahead of it: less than one slot beyond its own turn. (A reach as
-        long as the lateness the margin allows keeps a wake-up that late from losing the
-        slot it woke for.) The cost: asks, one when the slot it sleeps for comes near (each
-    waiter of a process sleeps for a slot of its own: LowTurns). Once it has
-        yielded for the limiter's ``low_priority_patience``, it queues as any call does
-        (never starved longer); its timeout still bounds the whole wait. Its ``waited``
-        is what it slept, between asks and for its slot."""
+    A call books its slot when it asks, and the calls that ask later queue behind it:
+    so a low-priority call books only a slot that is due within ``reach`` (the
+    narrowest margin of the call's limiters, or one slot of a key if that is shorter:
+    the widened gap, or the tightest rate's period over its limit; never less than two
+    round trips to the store, nor REACH_US), and between asks sleeps until the slot
+    it was told of comes within reach. A call of the usual priority that comes
+    meanwhile books that slot, and waits for no low-priority call but one booked at
+    most ``reach`` ahead of it: less than one slot beyond its own turn. (A reach as
+    long as the lateness the margin allows keeps a wake-up that late from losing the
+    slot it woke for.) The cost: an ask for every slot the call lets go. Once it has
+    yielded for the limiter's ``low_priority_patience``, it queues as any call does
+    (never starved longer); its timeout still bounds the whole wait. Its ``waited``
+    is what it slept, between asks and for its slot."""
     patience_us = round(core._config.low_priority_patience * US)
     within_us = min(min(c._config.margin_us, c._config.spacing_us) for c in core._with(also))
     now, napped_us = started, 0
-    # The slot it sleeps for, held among the process's waiters on the key (LowTurns).
-    name, turn = pool or (key,), None
-    step_us = max(1, core._config.spacing_us // len(name))
-    try:
-        while True:
-            # (What it slept counts, not only the clock: an injected sleep may not move it.)
-            spent_us = max(round((now - started) * US), napped_us)
-            left_us = max_wait_us - spent_us
-            reach_us = max(REACH_US, within_us, round(2 * core._pacing.rtt * US))
-            if spent_us < patience_us and left_us > reach_us:
-                decision = yield from acquire_flow(
-                    core,
-                    key,
-                    cost,
-                    reach_us,
-                    now,
-                    refusal=False,
-                    recheck_pause=recheck_pause,
-                    also=also,
-                    pool=pool,
-                    polling=left_us,
-                )
-                if decision.allowed:
-                    return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
-                slot_in_us = round(decision.retry_after * US)
-                # (An ask that left a slot booked and unused, one it could not reach in
-                # time, is not made again: the ask below queues the call, or says it
-                # cannot wait.)
-                if slot_in_us <= left_us and not decision.late_wakeups:
-                    if turn is not None:
-                        core._low_turns.give_back(name, turn)
-                    slot_us = round(decision.slot * US)
-                    turn = core._low_turns.take(name, slot_us, step_us)
-                    slot_in_us += turn - slot_us
-                    # Asleep until its slot is within reach, its patience is spent, or
-                    # the rest of its wait is only reach: whichever comes first.
-                    nap_us = min(slot_in_us - reach_us, patience_us - spent_us, left_us - reach_us)
-                    nap_us = max(MIN_NAP_US, nap_us)
-                    napped_us += nap_us
-                    now = yield Sleep(nap_us / US)
-                    continue
-                # Its slot lies past its whole wait (slots never come sooner): the ask
-                # below says so at once, as a normal call's would.
+    while True:
+        # (What it slept counts, not only the clock: an injected sleep may not move it.)
+        spent_us = max(round((now - started) * US), napped_us)
+        left_us = max_wait_us - spent_us
+        reach_us = max(REACH_US, within_us, round(2 * core._pacing.rtt * US))
+        if spent_us < patience_us and left_us > reach_us:
             decision = yield from acquire_flow(
                 core,
                 key,
                 cost,
-                max(0, left_us),
+                reach_us,
                 now,
                 refusal=False,
                 recheck_pause=recheck_pause,
                 also=also,
                 pool=pool,
+                polling=left_us,
             )
-            return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
-    finally:
-        if turn is not None:
-            core._low_turns.give_back(name, turn)
+            if decision.allowed:
+                return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
+            slot_in_us = round(decision.retry_after * US)
+            # (An ask that left a slot booked and unused, one it could not reach in time,
+            # is not made again: the ask below queues the call, or says it cannot wait.)
+            if slot_in_us <= left_us and not decision.late_wakeups:
+                # Asleep until the slot it was told of is within reach, its patience is
+                # spent, or the rest of its wait is only reach: whichever comes first.
+                nap_us = min(slot_in_us - reach_us, patience_us - spent_us, left_us - reach_us)
+                nap_us = max(MIN_NAP_US, nap_us)
+                napped_us += nap_us
+                now = yield Sleep(nap_us / US)
+                continue
+            # Its slot lies past its whole wait (slots never come sooner): the ask below
+            # says so at once, as a normal call's would.
+        decision = yield from acquire_flow(
+            core,
+            key,
+            cost,
+            max(0, left_us),
+            now,
+            refusal=False,
+            recheck_pause=recheck_pause,
+            also=also,
+            pool=pool,
+        )
+        return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
 
 
 def send_flow(

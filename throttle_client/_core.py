@@ -30,7 +30,6 @@ from ._pacing import Pacing
 from ._planning import Planner
 from ._rate import Rate
 from ._results import UpstreamView
-from ._turns import LowTurns
 
 log = logging.getLogger("throttle_client")
 
@@ -122,7 +121,6 @@ class LimiterCore:
         self._told_looser = False
         self._told_headers: set[str] = set()
         self._pools: OrderedDict[tuple[str, ...], None] = OrderedDict()  # checked (_pool)
-        self._low_turns = LowTurns()  # the slots its waiting low-priority calls sleep for
         for problem in config.doubtful():
             log.warning("%r: %s", self, problem)
         self.backend = store
