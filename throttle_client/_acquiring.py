@@ -277,11 +277,9 @@ def acquire_flow(
             # from the caller's start, it would wait past its timeout. The slot stays
             # booked, unused (counted with the late wake-ups' slots): under-use, never a
             # wait the caller did not allow.
-            if polling is not None:  # (its slot stays booked, unused: counted)
+            if polling is not None:
                 late_verdict = verdict._replace(allowed=False)
-                return _decision(
-                    core, late_verdict, cost, late_wakeups=late_wakeups + 1, rates=rates, key=picked
-                )
+                return _decision(core, late_verdict, cost, rates=rates, key=picked)
             if core._listeners:
                 core._emit(TIMED_OUT, op.key, cost=cost, retry_after=max(0.0, wake - now))
             raise ThrottleTimeout(max(0.0, wake - now), late_wakeups=late_wakeups + 1)
@@ -490,9 +488,7 @@ def yielding_flow(
             if decision.allowed:
                 return dataclasses.replace(decision, waited=decision.waited + napped_us / US)
             slot_in_us = round(decision.retry_after * US)
-            # (An ask that left a slot booked and unused, one it could not reach in time,
-            # is not made again: the ask below queues the call, or says it cannot wait.)
-            if slot_in_us <= left_us and not decision.late_wakeups:
+            if slot_in_us <= left_us:
                 # Asleep until the slot it was told of is within reach, its patience is
                 # spent, or the rest of its wait is only reach: whichever comes first.
                 nap_us = min(slot_in_us - reach_us, patience_us - spent_us, left_us - reach_us)
