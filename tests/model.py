@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,7 @@ class Model:
         floor: int,
         logs: list[tuple[Model, KeyLog]],
         fits: Callable[[int], bool],
+        more: set[int] = frozenset(),  # type: ignore[assignment]
     ) -> int:
         """The first moment from ``floor`` on at which ``fits``, tried in order among the
         floor and every later moment at which some window sum may drop: an entry leaving
@@ -149,7 +151,7 @@ class Model:
             if not isinstance(period, Calendar)
             for t, _ in log.entries
         }
-        moments |= {log.learned[1] for _, log in logs if log.learned is not None}
+        moments |= {log.learned[1] for _, log in logs if log.learned is not None} | more
         heap = sorted(m for m in moments if m >= floor)
         while True:
             moment = heapq.heappop(heap)
@@ -162,6 +164,33 @@ class Model:
                             if end not in moments:
                                 moments.add(end)
                                 heapq.heappush(heap, end)
+
+    def _fits_between(self, log: KeyLog, slot: int, cost: int) -> bool:
+        """Whether ``cost`` fits at ``slot`` with ``log``'s bookings where they are, some
+        of them later (exact sliding rates): the gap on both sides, and each window
+        (end - period, end] that would hold it, ending from ``slot`` to a period after."""
+        if any(abs(t - slot) < self.min_interval for t, _ in log.entries):
+            return False
+        for limit, period in self.rates:
+            ends = {slot} | {t for t, _ in log.entries if slot < t < slot + period}
+            for end in ends:
+                held = sum(c for t, c in log.entries if end - period < t <= end)
+                if held + cost > limit:
+                    return False
+        return True
+
+    def _never_over(self, log: KeyLog) -> bool:
+        """No window of any exact rate holds more than its limit, nor are two calls
+        nearer than the gap."""
+        slots = [t for t, _ in log.entries]
+        if any(b - a < self.min_interval for a, b in itertools.pairwise(slots)):
+            return False
+        return all(
+            sum(c for t, c in log.entries if end - period < t <= end) <= limit
+            for limit, period in self.rates
+            if isinstance(period, int)
+            for end in slots
+        )
 
     def earliest_slot(self, key: str, now: int, cost: int) -> int:
         return self._earliest(self.logs.get(key, KeyLog()), now, cost)
@@ -321,22 +350,32 @@ class StackedModel:
     def acquire_all(
         self, charges: list[tuple[str, int]], now: int, max_wait: int | None
     ) -> tuple[bool, int]:
-        """(admitted, slot) for ``charges`` as (key, cost) pairs."""
+        """(admitted, slot) for ``charges`` as (key, cost) pairs. The call's slot follows
+        every booking of its own key (the first); in a key it shares (the others) it may
+        fall between bookings, wherever every window that would hold it stays within its
+        limit and the gap holds on both sides: a key with room is never held up by
+        another key's calls booked later in it."""
         logs = [(self.models[key], self.models[key]._log(key), cost) for key, cost in charges]
-        floor = now
-        for model, log, _ in logs:
-            floor = max(floor, log.pause_until)
-            if log.entries:
-                floor = max(floor, log.entries[-1][0] + model.min_interval)
-        slot = Model._first(
-            floor,
-            [(model, log) for model, log, _ in logs],
-            lambda s: all(model._fits(log, s, cost) for model, log, cost in logs),
-        )
+        own_model, own, _ = logs[0]
+        floor = max([now, *(log.pause_until for _, log, _ in logs)])
+        if own.entries:
+            floor = max(floor, own.entries[-1][0] + own_model.min_interval)
+        near = {  # a shared key's booking ends the gap it keeps around it
+            t + model.min_interval for model, log, _ in logs[1:] for t, _ in log.entries
+        }
+
+        def fits(s: int) -> bool:
+            return own_model._fits(own, s, logs[0][2]) and all(
+                model._fits_between(log, s, cost) for model, log, cost in logs[1:]
+            )
+
+        slot = Model._first(floor, [(model, log) for model, log, _ in logs], fits, near)
         if max_wait is not None and slot - now > max_wait:
             return False, slot
-        for _, log, cost in logs:
+        for model, log, cost in logs:
             log.entries.append((slot, cost))
+            log.entries.sort()
+            assert model._never_over(log), (slot, log.entries)  # by the calls' own slots
         return True, slot
 
 

@@ -78,6 +78,51 @@ steps = st.lists(
 )
 
 
+# Tokens slower than the account they share (as in a fleet: the account's quota is
+# several tokens' worth), so that the account is seldom what holds a call back.
+token_quotas = st.builds(
+    lambda limit, period, gap: Quota(limits=((limit, period),), min_interval_us=gap),
+    st.integers(1, 2),
+    st.sampled_from([250 * MS, 1000 * MS]),
+    st.sampled_from([0, 100 * MS]),
+)
+account_quotas = st.builds(
+    lambda rates, gap: Quota(limits=tuple(rates), min_interval_us=gap),
+    st.lists(
+        st.tuples(st.integers(2, 5), st.sampled_from([250 * MS, 1000 * MS])), min_size=1, max_size=2
+    ),
+    st.sampled_from([0, 0, 30 * MS]),
+)
+
+# Calls charged to a token and the account they share, most of them, so that one token's
+# calls booked ahead leave room in the account that the other token's calls may take.
+_busy_all = st.tuples(
+    st.just("all"),
+    st.sampled_from(
+        [
+            ["token-a", "account"],
+            ["token-a", "account"],
+            ["token-b", "account"],
+            ["account", "token-a"],
+            ["token-b", "token-a", "account"],
+        ]
+    ),
+    st.sampled_from([0, 200 * MS, None, None]),
+)
+busy_steps = st.lists(
+    st.one_of(
+        _busy_all,
+        _busy_all,
+        _busy_all,
+        st.tuples(st.just("advance"), st.sampled_from([1, 29 * MS, 50 * MS, 100 * MS])),
+        st.tuples(st.just("one"), st.sampled_from(KEYS), st.sampled_from([0, None])),
+        st.tuples(st.just("pause"), st.sampled_from(KEYS), st.sampled_from([50 * MS])),
+    ),
+    min_size=10,
+    max_size=40,
+)
+
+
 def seen(store: Backend, key: str, quota: Quota, now: int) -> Any:
     """What a key's log says at ``now`` (a pause that has ended says nothing)."""
     snap = store.execute(Inspect(key, quota, now_us=now))
@@ -134,6 +179,24 @@ class _Lasting(Backend):
 )
 @given(quota_list=st.lists(quotas, min_size=3, max_size=3), script=steps)
 def test_a_stacked_acquire_agrees_with_the_naive_model(
+    request: pytest.FixtureRequest,
+    redis_stores: dict[str, RedisBackend],
+    kind: str,
+    quota_list: list[Quota],
+    script: Any,
+) -> None:
+    with a_store(kind, request, redis_stores) as (store, names):
+        run_against_the_model(store, names, quota_list, script)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "cluster"])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    quota_list=st.tuples(token_quotas, token_quotas, account_quotas).map(list), script=busy_steps
+)
+def test_a_shared_key_lends_its_room_as_the_naive_model_does(
     request: pytest.FixtureRequest,
     redis_stores: dict[str, RedisBackend],
     kind: str,

@@ -3,8 +3,9 @@ the upstream, a window of its own.
 
 A calendar rate counts the units of each fixed window, from its start less the margin to
 its end (see quota.Windows). A slot counts in its own window and, within the margin of
-that window's end, in the next one too. Slots never go backwards, so a new slot lies at
-or after every entry: a window that is full at the earliest slot moves it to the
+that window's end, in the next one too. A key with a calendar rate books each call after
+its newest (``filling`` never books such a key among later entries), so a new slot lies
+at or after every entry: a window that is full at the earliest slot moves it to the
 window's end, where the next window holds nothing but entries within the margin of its
 start; so a rate moves a slot at most twice, and the other constraints, met at the
 earlier slot, stay met at the later one.
@@ -80,10 +81,11 @@ def calendar_slot(log: LogView, quota: Quota, slot: int, cost: int, *, learned: 
 
 
 def learned_units(log: LogView) -> int:
-    """Units a learned limit counts: slots from its ``since`` up to its ``until``. Slots
-    never go backwards, so every entry after the running total it starts from
-    (``from_cum``, marked when the answered call was admitted) lies from ``since`` on:
-    that count holds whatever has been trimmed since."""
+    """Units a learned limit counts: slots from its ``since`` up to its ``until``. Every
+    entry after the running total it starts from (``from_cum``, marked when the answered
+    call was admitted) lies from ``since`` on, or was booked among later entries since
+    (``filling``, which moved theirs up: counted too, never too few): that count holds
+    whatever has been trimmed since."""
     assert log.learned is not None
     _, until, _, from_cum = log.learned
     return log.cum_through(until - 1) - from_cum

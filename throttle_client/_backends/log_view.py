@@ -40,11 +40,15 @@ class LogView(Protocol):
         """Running total at the newest entry with slot <= t (``base`` if none; 0 before
         ``trimmed``: how many of the trimmed units lie before it is not known)."""
 
-    def first_after(self, t: int) -> int | None:
-        """Slot of the oldest entry with slot > t."""
+    def entries_after(self, t: int, most: int) -> list[tuple[int, int]]:
+        """(slot, running total) of the oldest ``most`` entries with slot > t, in order."""
 
     def append(self, t: int, cost: int, call_id: str) -> None:
-        """Log a call at ``t``; updates ``last`` and ``total``."""
+        """Log a call at ``t`` (>= ``last``); updates ``last`` and ``total``."""
+
+    def insert(self, t: int, cost: int, call_id: str) -> None:
+        """Log a call at ``t`` (< ``last``: see ``filling``), after the entries at ``t``:
+        the running total of every later entry grows by ``cost``; updates ``total``."""
 
     def trim(self, cutoff: int) -> None:
         """Drop entries with slot <= cutoff; updates ``base``."""

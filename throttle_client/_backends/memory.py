@@ -82,9 +82,21 @@ class _MemoryLog:
         index = bisect_right(self.times, t)
         return self.cums[index - 1] if index else self.base
 
-    def first_after(self, t: int) -> int | None:
+    def entries_after(self, t: int, most: int) -> list[tuple[int, int]]:
         index = bisect_right(self.times, t)
-        return self.times[index] if index < len(self.times) else None
+        end = index + most
+        return list(zip(self.times[index:end], self.cums[index:end], strict=True))
+
+    def insert(self, t: int, cost: int, call_id: str) -> None:
+        index = bisect_right(self.times, t)
+        cum = (self.cums[index - 1] if index else self.base) + cost
+        for later in range(index, len(self.cums)):
+            self.cums[later] += cost
+        self.times.insert(index, t)
+        self.cums.insert(index, cum)
+        self.call_ids.insert(index, call_id)
+        self.ids[call_id] = t
+        self.total += cost
 
     def append(self, t: int, cost: int, call_id: str) -> None:
         self.total += cost

@@ -157,12 +157,13 @@ class Charge:
 class AcquireAll(Op[Verdict]):
     """:class:`Acquire` for several keys at once, all or nothing.
 
-    One slot for every key: the earliest that each key's quota, gap and pause allow
-    (past a key's newest slot, when a cost fits only grows later, so it is the latest of
-    each key's earliest slot). Booked in every key's log in one atomic step, or, when it
-    is more than ``max_wait_us`` away, written nowhere. ``call_id`` is booked in the
-    first key's log; a ``retry`` whose id is there gets its slot back. The answer's
-    ``remaining`` lists each key's rates in turn; ``pause_until`` is the latest pause.
+    One slot for every key: the earliest that each key's quota, gap and pause allow,
+    after every call booked on the first key (the call's own) and, in the others (keys
+    it shares, such as an account), among their bookings where it fits (``filling``).
+    Booked in every key's log in one atomic step, or, when it is more than
+    ``max_wait_us`` away, written nowhere. ``call_id`` is booked in the first key's log;
+    a ``retry`` whose id is there gets its slot back. The answer's ``remaining`` lists
+    each key's rates in turn; ``pause_until`` is the latest pause.
     """
 
     charges: tuple[Charge, ...]

@@ -6,10 +6,11 @@ laid out for as few Redis calls as possible (see its header); the test suite hol
 all of them to a naive reference model, on the same random sequences.
 
 A key's log is a list of admitted calls in slot order. Each entry keeps its slot
-time ``t`` and ``cum``, the running total of costs up to and including it. Because
-slots never go backwards, time order and ``cum`` order agree, so "how much cost
-lies after time X" and "when did the running total cross Y" are both one indexed
-lookup: the work per decision is O(log n) per rate, whatever the cost of a call.
+time ``t`` and ``cum``, the running total of costs up to and including it. Time order
+and ``cum`` order agree (a call booked among later entries of a key it shares moves
+their totals up: ``filling``), so "how much cost lies after time X" and "when did the
+running total cross Y" are both one indexed lookup: the work per decision is O(log n)
+per rate, whatever the cost of a call.
 Entries older than the longest exact window are trimmed (5 s when every rate is
 bounded, below); ``base`` is the running total at the newest trimmed entry.
 
@@ -34,6 +35,7 @@ from .calendar_windows import (
     since_keep_from,
 )
 from .coarse import Counts, coarse_of, coarse_rates, counted_before, counts
+from .filling import fill_slot, fillable
 from .log_view import LogView
 from .ops import Acquire, AcquireAll, AcquireAny, Charge, Inspect, Learn, Op, Pause, Reset
 from .quota import Buckets, Period, Quota, Windows
@@ -60,7 +62,10 @@ def book(log: LogView, quota: Quota, slot: int, cost: int, call_id: str, now: in
         coarse.add(placed(period, slot), cost)
         coarse.trim(cutoff)
         log.keep_coarse(name, coarse)
-    log.append(slot, cost, call_id)
+    if log.last is not None and slot < log.last:  # among the bookings of a shared key
+        log.insert(slot, cost, call_id)
+    else:
+        log.append(slot, cost, call_id)
     log.trim(quota.keep_from(now) - 1)  # (a learned limit needs none of them)
     log.expire_at(max(slot, log.pause_until) + quota.horizon_us)
 
@@ -75,7 +80,8 @@ def sliding(period: Period) -> int | None:
 def fits_at(log: Counts, limit: int, period: int, cost: int) -> int:
     """When ``cost`` more fits under one sliding rate, as far as it goes (0: at any time).
 
-    Slots never go backwards, so every entry lies at or before any new slot: the window
+    A key's own calls are booked after its newest (``filling`` books a key a call
+    shares otherwise), so every entry lies at or before a new slot: the window
     ending there must drop every entry up to the one at which the running total reaches
     total - limit + cost; if that one is already trimmed, it lies at or before
     ``trimmed`` (which a log's own rates have long left behind).
@@ -215,15 +221,8 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     if booked is not None:  # the same call again: it holds its slot in every log (unmarked)
         remaining = remaining_all(logs, charges, booked)
         return told(Verdict(True, now, booked, pause_until, remaining), logs, lost)
-    # Past a log's newest slot a window only loses entries as time goes on: the latest
-    # of the keys' earliest slots is the earliest that suits them all, once it also fits
-    # every key's calendar windows (which may move it on: so round again until it stays).
     try:
-        slot = max(
-            now + op.lead_us, *(earliest_slot(log, c.quota, now, c.cost) for log, c in pairs)
-        )
-        while (later := max(calendar_slot(log, c.quota, slot, c.cost) for log, c in pairs)) != slot:
-            slot = later
+        slot = common_slot(pairs, now, op.lead_us)
     except Stale as stale:
         return Verdict(False, now, stale.at, pause_until, (), stale=True)
     if op.max_wait_us >= 0 and slot - now > op.max_wait_us:
@@ -236,6 +235,35 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     born = logs[0].born if marked >= 0 else -1
     verdict = Verdict(True, now, slot, pause_until, remaining, mark=marked, born=born)
     return told(verdict, logs, lost)
+
+
+def common_slot(pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int) -> int:
+    """The earliest slot that suits every key of a stacked call (Stale: windows missing).
+
+    Past a log's newest slot a window only loses entries as time goes on, so from its
+    earliest slot on every later one suits a key. The call's own key (the first) is
+    booked so; a key it shares may take a slot among its bookings (``filling``), which
+    suits it at some moments and not at others. So: from the latest of the keys' earliest
+    slots (a shared key's counted only when it cannot be filled), each shared key's first
+    slot that suits it from there, and every key's calendar windows (which may move it
+    on), round again until the slot stays.
+    """
+    latest = [earliest_slot(log, c.quota, now, c.cost) for log, c in pairs]
+    slot = max(now + lead, latest[0])
+    for (log, c), late in zip(pairs[1:], latest[1:], strict=True):
+        if not fillable(log, c.quota, slot):
+            slot = max(slot, late)
+    while True:
+        later = slot
+        for index, ((log, c), late) in enumerate(zip(pairs, latest, strict=True)):
+            if index and later < late and fillable(log, c.quota, later):
+                later = fill_slot(log, c.quota, max(later, log.pause_until), c.cost, late)
+            elif index:
+                later = max(later, late)
+            later = calendar_slot(log, c.quota, later, c.cost)
+        if later == slot:
+            return slot
+        slot = later
 
 
 def choose(logs: Sequence[LogView], op: AcquireAny, now: int) -> int:

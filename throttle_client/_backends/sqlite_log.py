@@ -23,7 +23,7 @@ from .repair import rebuilt_base, still_matters
 from .sqlite_schema import (
     COARSE,
     CUM_THROUGH,
-    FIRST_AFTER,
+    ENTRIES_AFTER,
     FORGET_ENTRIES,
     FORGET_KEY,
     FORGET_LEARNED,
@@ -32,6 +32,8 @@ from .sqlite_schema import (
     META,
     NEWEST,
     OLDEST,
+    SHIFT_AFTER,
+    SHIFTED,
     SLOT_OF,
     TIME_AT_CUM,
     TRIM,
@@ -161,9 +163,10 @@ class SQLiteLog:
         cum: int | None = self._one(CUM_THROUGH, t)
         return self.base if cum is None else cum
 
-    def first_after(self, t: int) -> int | None:
-        slot: int | None = self._one(FIRST_AFTER, t)
-        return slot
+    def entries_after(self, t: int, most: int) -> list[tuple[int, int]]:
+        if not self.live:
+            return []
+        return self.db.execute(ENTRIES_AFTER, (self.key, t, most)).fetchall()
 
     def check(self, now: int) -> None:
         """BackendError for a key no call may use until it is reset: a time further ahead
@@ -178,16 +181,28 @@ class SQLiteLog:
         if not 0 <= self.base <= self.total < MAX_TOTAL:
             raise _damaged(self.key, f"its running total {self.total} is out of range")
 
-    def append(self, t: int, cost: int, call_id: str) -> None:
+    def _check_total(self, cost: int) -> None:
         if self.total + cost >= MAX_TOTAL:  # (as the Redis script, whose entries hold 6 bytes)
             raise BackendError(
                 f"store key {self.key}: running total {self.total} + {cost} reaches 2^48: "
                 "reset() the key"
             )
+
+    def append(self, t: int, cost: int, call_id: str) -> None:
+        self._check_total(cost)
         self.total += cost
         self.last = t
         self.dirty = True
         self.db.execute(INSERT, (self.key, t, self.total, call_id))
+
+    def insert(self, t: int, cost: int, call_id: str) -> None:
+        cum = self.cum_through(t) + cost
+        self._check_total(cost)
+        self.total += cost
+        self.dirty = True
+        self.db.execute(SHIFT_AFTER, (cost, self.key, t))
+        self.db.execute(SHIFTED, (self.key,))
+        self.db.execute(INSERT, (self.key, t, cum, call_id))
 
     def trim(self, cutoff: int) -> None:
         newest = self._one(CUM_THROUGH, cutoff)

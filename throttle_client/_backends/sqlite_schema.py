@@ -99,7 +99,8 @@ CREATE TABLE IF NOT EXISTS tc_records (
 """
 
 # Every lookup below is one index search (tests/test_sqlite_backend.py checks the plans):
-# slots never go backwards, so ordering by slot then cum follows the (key, slot, cum) index.
+# slots and running totals go up together, so ordering by slot then cum follows the
+# (key, slot, cum) index.
 # The meta, and the key's newest entry (its slot and running total: the highest), which
 # the meta must agree with: a meta whose entries are gone, or that counts otherwise than
 # they do, is repaired. (A learned limit, sliding_log.learn, lives in a table of its own,
@@ -118,7 +119,14 @@ TIME_AT_CUM = "SELECT slot FROM tc_entries WHERE key = ? AND cum >= ? ORDER BY c
 CUM_THROUGH = (
     "SELECT cum FROM tc_entries WHERE key = ? AND slot <= ? ORDER BY slot DESC, cum DESC LIMIT 1"
 )
-FIRST_AFTER = "SELECT slot FROM tc_entries WHERE key = ? AND slot > ? ORDER BY slot, cum LIMIT 1"
+ENTRIES_AFTER = (
+    "SELECT slot, cum FROM tc_entries WHERE key = ? AND slot > ? ORDER BY slot, cum LIMIT ?"
+)
+# An entry logged among later ones (filling): their running totals grow by its cost. In
+# two steps, as SQLite checks the key (key, cum) row by row: each moves to its new total
+# negated (free: every total is >= 0), then back.
+SHIFT_AFTER = "UPDATE tc_entries SET cum = -cum - ? WHERE key = ? AND slot > ?"
+SHIFTED = "UPDATE tc_entries SET cum = -cum WHERE key = ? AND cum < 0"
 TRIM = "DELETE FROM tc_entries WHERE key = ? AND slot <= ?"
 FORGET_ENTRIES = "DELETE FROM tc_entries WHERE key = ?"
 FORGET_META = "DELETE FROM tc_meta WHERE key = ?"
@@ -190,7 +198,9 @@ LOOKUPS = (
     SLOT_OF,
     TIME_AT_CUM,
     CUM_THROUGH,
-    FIRST_AFTER,
+    ENTRIES_AFTER,
+    SHIFT_AFTER,
+    SHIFTED,
     TRIM,
     FORGET_ENTRIES,
     FORGET_META,

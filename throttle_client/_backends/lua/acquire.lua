@@ -2,8 +2,26 @@
 
 -- Book ``cost`` at ``slot`` under call ``id`` (nil: a stacked call's other keys, whose
 -- retries are found in the first key).
+-- A slot among the key's bookings (fill_slot): the entries after it move their running
+-- totals up by `cost` (at most FILL_MOST of them); the running total of its entry.
+local function shift_after(k, slot, cost)
+  local from = format('(%d', slot)
+  local later = redis.call('ZRANGEBYSCORE', k.log, from, '+inf', 'WITHSCORES')
+  local cum = cum_through(k, slot) + cost
+  redis.call('ZREMRANGEBYSCORE', k.log, from, '+inf')
+  local args = {}
+  for i = 1, #later, 2 do -- (each keeps what follows its total: its call id, if any)
+    args[#args + 1] = later[i + 1]
+    args[#args + 1] = entry(total_of(later[i]) + cost) .. string.sub(later[i], 7)
+  end
+  if #args > 0 then redis.call('ZADD', k.log, unpack(args)) end
+  if k.wcum > cum - cost then k.wcum = k.wcum + cost end -- (its entry came later)
+  return cum
+end
+
 local function book(k, slot, cost, id)
   local cum = k.total + cost
+  if slot < k.last then cum = shift_after(k, slot, cost) end
   redis.call('ZADD', k.log, format('%d', slot), id and entry(cum) .. id or entry(cum))
   if id and k.idold < 0 then k.idold = slot end
   compact_ids(k)
@@ -12,10 +30,10 @@ local function book(k, slot, cost, id)
   -- (Best effort: a history it cannot write, an ACL without HINCRBY say, never fails or
   -- half-writes a booking.)
   if h then pcall(count_history, h, slot, cost) end
-  if cost > 1 then k.wcum = cum end
-  k.total, k.last = cum, slot
+  if cost > 1 and cum > k.wcum then k.wcum = cum end
+  k.total, k.last = k.total + cost, math.max(k.last, slot)
   local fresh = k.first < 0 -- L was empty, so it was just created: it needs its TTL
-  if fresh then k.first = slot end
+  if fresh or slot < k.first then k.first = slot end
   local cutoff = k.q.cutoff
   if k.first <= cutoff - k.q.batch then -- trim a batch: entries no window can reach any more
     k.base, k.trimmed = cum_through(k, cutoff), math.max(k.trimmed, cutoff)
@@ -261,16 +279,30 @@ local function op_acquire_all(keys, argv, op)
     end
     return answer(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
   end
-  local slot = now + lead
+  -- The slot that suits every key (sliding_log.common_slot): from the latest of the
+  -- keys' earliest slots (a shared key's counted only when it cannot be filled), each
+  -- shared key's first slot that suits it from there (fill_slot), and every key's
+  -- calendar windows, round again until the slot stays.
+  local latest = {}
   for i = 1, n do
     local earliest, missing = earliest_slot(keys[i], costs[i])
     if not earliest then return stale(missing) end
-    slot = math.max(slot, earliest)
+    latest[i] = earliest
   end
-  repeat -- a key's calendar windows may move the slot on: round again until it stays
+  local slot = math.max(now + lead, latest[1])
+  for i = 2, n do
+    if not fillable(keys[i], slot) then slot = math.max(slot, latest[i]) end
+  end
+  repeat
     local later = slot
     for i = 1, n do
-      local fits, missing = calendar_slot(keys[i], slot, costs[i])
+      local k = keys[i]
+      if i > 1 and later < latest[i] and fillable(k, later) then
+        later = fill_slot(k, math.max(later, k.pause), costs[i], latest[i])
+      elseif i > 1 then
+        later = math.max(later, latest[i])
+      end
+      local fits, missing = calendar_slot(k, later, costs[i])
       if not fits then return stale(missing) end
       later = math.max(later, fits)
     end

@@ -49,7 +49,9 @@
 --         one per key, all in one hash slot; ARGV[2] "-" or the mark (Acquire.mark_us,
 --         for the first key), ARGV[3] now, then max wait,
 --         call id, lead, and per key its quota, its cost and its expect. One slot for every key, the
---         latest of their earliest slots, booked in every L under one call id, or nowhere.
+--         earliest that suits them all (after the first key's newest call; among the
+--         others' bookings where it fits: fill_slot), booked in every L (under the call
+--         id in the first), or nowhere.
 -- The reply is one string of integers: a single bulk string costs a client far less
 -- to read than an array:
 --   acquire, acquire_all: ALLOWED NOW SLOT PAUSE REMAINING... [MARK BORN] (LIFE TOTAL)...

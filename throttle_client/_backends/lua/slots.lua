@@ -151,3 +151,67 @@ local function book_coarse(k, slot, cost)
   end
 end
 
+
+-- Stacked keys without head-of-line blocking (filling.py, which says why): in a key a
+-- stacked call shares (each after its first), the call takes the earliest slot from
+-- `floor` on (`latest` at most: after the key's newest call, which always fits) at which
+-- it fits among the bookings there; in a key of exact sliding rates, with a gap no
+-- longer than its longest window, no learned limit in force, a booking at or after
+-- `floor`, and at most FILL_MOST bookings from the longest window before `floor` on.
+local FILL_MOST = 256
+
+local function fillable(k, floor)
+  local q = k.q
+  return q.plain and k.last >= floor and k["until"] <= floor and q.gap <= q.reach
+    and floor - q.reach >= k.trimmed
+end
+
+local function fill_slot(k, floor, cost, latest)
+  local q = k.q
+  local since = floor - q.reach
+  local page = redis.call('ZRANGEBYSCORE', k.log, format('(%d', since), '+inf', 'WITHSCORES',
+    'LIMIT', 0, FILL_MOST + 1)
+  if #page > 2 * FILL_MOST then return latest end
+  local before, slots, units = cum_through(k, since), {}, {}
+  for i = 1, #page, 2 do
+    local cum = total_of(page[i])
+    slots[#slots + 1], units[#units + 1] = tonumber(page[i + 1]), cum - before
+    before = cum
+  end
+  -- The spans [start, end) in which the call does not fit: too near a booking for the
+  -- gap, or in a window that would go over (filling.blocked_spans).
+  local starts, ends = {}, {}
+  if q.gap > 0 then
+    for j = 1, #slots do
+      starts[#starts + 1], ends[#ends + 1] = slots[j] - q.gap + 1, slots[j] + q.gap
+    end
+  end
+  for i = 1, q.nrates do
+    local period, room = q.periods[i], q.limits[i] - cost
+    local events = {}
+    for j = 1, #slots do
+      events[#events + 1] = {slots[j], units[j]}
+      events[#events + 1] = {slots[j] + period, -units[j]}
+    end
+    table.sort(events, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+    local held, over_from = 0, nil
+    for j = 1, #events do
+      held = held + events[j][2]
+      if not over_from and held > room then
+        over_from = events[j][1]
+      elseif over_from and held <= room then
+        starts[#starts + 1], ends[#ends + 1] = over_from - period + 1, events[j][1]
+        over_from = nil
+      end
+    end
+  end
+  local order = {}
+  for j = 1, #starts do order[j] = j end
+  table.sort(order, function(a, b) return starts[a] < starts[b] end)
+  local slot = floor
+  for _, j in ipairs(order) do -- the first moment no span covers
+    if starts[j] > slot then break end
+    if ends[j] > slot then slot = ends[j] end
+  end
+  return math.min(slot, latest)
+end
