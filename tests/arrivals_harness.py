@@ -162,15 +162,18 @@ def settle_garbage() -> None:
     gc.freeze()
 
 
-def _serve(conn: Connection, rates: tuple[Rate, ...], gap: float) -> None:
-    """Upstream process: send the URL, serve until told to stop, send the journal."""
+def _serve(
+    conn: Connection, rates: tuple[Rate, ...], gap: float, options: dict[str, Any] | None = None
+) -> None:
+    """Upstream process: send the URL, serve until told to stop, send the journal.
+    ``options``: more of StrictUpstream's (an account's quota)."""
     # A real upstream does not share the clients' CPUs: on this small machine it goes
     # first (as root; elsewhere it stays as it is), so its stamps are not held back by
     # a client process that happens to hold the core when a request lands.
     with contextlib.suppress(OSError):
         os.nice(-10)
     settle_garbage()
-    upstream = _JournalingUpstream(rates=rates, min_interval=gap, tolerance=0.0)
+    upstream = _JournalingUpstream(rates=rates, min_interval=gap, tolerance=0.0, **(options or {}))
     upstream.journal = []
     upstream.start()
     conn.send(upstream.url)

@@ -260,38 +260,14 @@ def judge(
     paused: float = 0.0,
     paused_tokens: int = 0,
 ) -> Verdict:
-    margin_ns, gap_ns, period_ns = round(MARGIN * NS), round(GAP * NS), round(RATE.period * NS)
-    by_token: dict[str, list[tuple[int, Arrival, bool]]] = defaultdict(list)
-    stalled = 0
-    for arrival in journal:
-        if arrival.slot_us is None or arrival.slot_us not in sent:
-            continue
-        call = sent[arrival.slot_us]
-        at, late = arrival.at_ns, arrival.wall - call.slot_us / US
-        stall = call.returned - call.slot_us / US <= MARGIN < late
-        if stall:  # put back at its slot + margin, on the upstream's clock
-            at = arrival.at_ns - round(late * NS) + margin_ns
-            stalled += 1
-        by_token[call.token].append((at, arrival, stall))
+    placed, stalled = put_back(sent, journal, MARGIN)
+    by_token: dict[str, list[Placed]] = defaultdict(list)
+    for token, item in placed:
+        by_token[token].append(item)
     over = close = unexcused = 0
     for arrivals in by_token.values():
-        arrivals.sort(key=lambda item: item[1].at_ns)
-        counted = sorted(at for at, a, _ in arrivals if a.status == 200)
-        over += sum(
-            bisect.bisect_right(counted, t) - bisect.bisect_right(counted, t - period_ns)
-            > RATE.limit
-            for t in counted
-        )
-        close += sum(b - a < gap_ns for a, b in itertools.pairwise(counted))
-        for index, (_, arrival, _) in enumerate(arrivals):
-            if arrival.status != 429:
-                continue
-            # A 429 is explained by a stalled arrival in the window that refused it.
-            edge = arrival.at_ns - period_ns
-            near = [s for at2, a2, s in arrivals[: index + 1] if a2.at_ns > edge]
-            near += [arrivals[index - 1][2]] if index else []
-            if not any(near):
-                unexcused += 1
+        found = breaches(arrivals, RATE, GAP)
+        over, close, unexcused = over + found[0], close + found[1], unexcused + found[2]
     # What the tokens allow in the crawl's ``seconds`` (half-open: a call at its very end
     # is not sent), a paused token's only once its pause ends.
     span, spent = seconds - 1e-3, max(0.0, seconds - paused - 1e-3)
@@ -307,3 +283,53 @@ def judge(
         possible=(len(tokens) - paused_tokens) * most_calls((RATE,), GAP, span)
         + paused_tokens * most_calls((RATE,), GAP, spent),
     )
+
+
+# An arrival as judged: when it counts (its arrival, or for a stalled one its slot plus
+# the margin, on the upstream's clock), the arrival, and whether it stalled.
+Placed = tuple[int, Arrival, bool]
+
+
+def put_back(
+    sent: dict[int, Sent], journal: list[Arrival], margin: float
+) -> tuple[list[tuple[str, Placed]], int]:
+    """Each journaled arrival of a request the crawl sent, with its token, as judged: an
+    arrival that left the limiter within the margin of its slot but reached the upstream
+    later (stalled on its way) is put back at its slot plus the margin. And how many
+    were put back."""
+    placed, stalled = [], 0
+    for arrival in journal:
+        if arrival.slot_us is None or arrival.slot_us not in sent:
+            continue
+        call = sent[arrival.slot_us]
+        at, late = arrival.at_ns, arrival.wall - call.slot_us / US
+        stall = call.returned - call.slot_us / US <= margin < late
+        if stall:  # put back at its slot + margin, on the upstream's clock
+            at = arrival.at_ns - round(late * NS) + round(margin * NS)
+            stalled += 1
+        placed.append((call.token, (at, arrival, stall)))
+    return placed, stalled
+
+
+def breaches(arrivals: list[Placed], rate: Rate, gap: float) -> tuple[int, int, int]:
+    """Of one quota's arrivals: the windows over ``rate`` and the gaps under ``gap`` (the
+    admitted ones, as judged), and the 429s no stalled arrival explains."""
+    gap_ns, period_ns = round(gap * NS), round(rate.period * NS)
+    arrivals = sorted(arrivals, key=lambda item: item[1].at_ns)
+    counted = sorted(at for at, a, _ in arrivals if a.status == 200)
+    over = sum(
+        bisect.bisect_right(counted, t) - bisect.bisect_right(counted, t - period_ns) > rate.limit
+        for t in counted
+    )
+    close = sum(b - a < gap_ns for a, b in itertools.pairwise(counted))
+    unexcused = 0
+    for index, (_, arrival, _) in enumerate(arrivals):
+        if arrival.status != 429:
+            continue
+        # A 429 is explained by a stalled arrival in the window that refused it.
+        edge = arrival.at_ns - period_ns
+        near = [s for at2, a2, s in arrivals[: index + 1] if a2.at_ns > edge]
+        near += [arrivals[index - 1][2]] if index else []
+        if not any(near):
+            unexcused += 1
+    return over, close, unexcused

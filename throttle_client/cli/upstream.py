@@ -62,6 +62,9 @@ class StrictUpstream:
     ``send_headers``: add ``X-RateLimit-Limit/Remaining/Reset`` from the first rate.
     ``path_rates``: paths under a prefix count in a quota of their own, per token (as
     GitHub's search API has its own beside the core one).
+    ``accounts`` (token -> account) and ``account_rates``: a token's requests count in its
+    account's quota too, shared by the account's tokens (no gap there); a request over
+    either is refused.
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class StrictUpstream:
         storm_retry_after: int | None = None,
         send_headers: bool = False,
         path_rates: Mapping[str, Sequence[Rate | str]] | None = None,
+        accounts: Mapping[str, str] | None = None,
+        account_rates: Sequence[Rate | str] = (),
         port: int = 0,
     ) -> None:
         self.rates = tuple(_rate(rate) for rate in rates)
@@ -84,7 +89,10 @@ class StrictUpstream:
             prefix: tuple(_rate(rate) for rate in rates)
             for prefix, rates in (path_rates or {}).items()
         }
+        self.accounts = dict(accounts or {})
+        self.account_rates = tuple(_rate(rate) for rate in account_rates)
         self._tokens: dict[str, _TokenLog] = {}
+        self._accounts: dict[str, _TokenLog] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
@@ -115,11 +123,16 @@ class StrictUpstream:
                 log.paused_until = now + self.storm_retry_after
                 log.refused_at.append(now)
                 return 429, {"Retry-After": str(self.storm_retry_after)}
-            if self._breaks_quota(log, now):
+            account = self._account_log(token)
+            if self._breaks_quota(log, now, self.min_interval) or (
+                account is not None and self._breaks_quota(account, now, 0.0)
+            ):
                 log.rejected += 1
                 log.refused_at.append(now)
                 return 429, {"Retry-After": "1"}
             log.arrivals.append(now)
+            if account is not None:
+                account.arrivals.append(now)
             headers: dict[str, str] = {}
             if self.send_headers:
                 rate = log.rates[0]
@@ -131,10 +144,17 @@ class StrictUpstream:
                 }
             return 200, headers
 
-    def _breaks_quota(self, log: _TokenLog, now: float) -> bool:
+    def _account_log(self, token: str) -> _TokenLog | None:
+        """The log of the account ``token`` belongs to, if it has one with rates."""
+        account = self.accounts.get(token)
+        if account is None or not self.account_rates:
+            return None
+        return self._accounts.setdefault(account, _TokenLog(self.account_rates))
+
+    def _breaks_quota(self, log: _TokenLog, now: float, gap: float) -> bool:
         if now < log.paused_until - self.tolerance:
             return True
-        if log.arrivals and now - log.arrivals[-1] < self.min_interval - self.tolerance:
+        if log.arrivals and now - log.arrivals[-1] < gap - self.tolerance:
             return True
         for rate in log.rates:
             edge = now - rate.period + self.tolerance
@@ -168,6 +188,12 @@ class StrictUpstream:
             "peak_in_window": peaks,
             "min_gap": min(gaps) if gaps else None,
         }
+
+    def account_arrivals(self, account: str) -> list[float]:
+        """Admitted requests of the tokens of ``account``, by arrival time."""
+        with self._lock:
+            log = self._accounts.get(account)
+            return list(log.arrivals) if log else []
 
     def arrivals(self, token: str) -> list[float]:
         """Admitted requests of ``token`` (``"<token> <prefix>"`` for a path quota), by
