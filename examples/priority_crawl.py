@@ -1,19 +1,21 @@
 """A background crawl and interactive requests on one pool of tokens: the crawl yields.
 
-A service crawls an API with a pool of tokens in the background, and its users' own
-requests go through the same tokens. With one queue, a user's request waits behind
-every crawl request booked before it. The crawl's client is made with
+A service crawls an API with a pool of tokens of one account in the background, and its
+users' own requests go through the same tokens. With one queue, a user's request waits
+behind every crawl request booked before it. The crawl's client is made with
 ``priority="low"``: its requests book only a slot due at once, so a request of the
 usual priority that comes finds the next slot free, whichever process the crawl runs in.
 
 The local API (StrictUpstream) holds each token to 5 requests per second and 100 ms
-between requests, judged by each request's arrival, and answers 429 beyond that. The
-crawl runs in worker threads for a few seconds, once at the usual priority and once at
-``priority="low"``; a user's requests come at random moments meanwhile. It prints, for
-each run, the API's 429s, the share of the pool's quota used, how long the user's
-requests waited, and how many crawl requests went ahead of each: booked after the user
-asked, sent before the user's request. (The pool is held to its quota all along, so a
-user's request may still wait for the next token to free up.)
+between requests, and the account, which all the tokens share, to 12 requests per
+second, judged by each request's arrival; it answers 429 beyond that. Each request takes
+the pool's earliest token and is charged to the account too (``also=``), in one step.
+The crawl runs in worker threads for a few seconds, once at the usual priority and once
+at ``priority="low"``; a user's requests come at random moments meanwhile. It prints,
+for each run, the API's 429s, the share of the account's quota used, how long the
+user's requests waited, and how many crawl requests went ahead of each: booked after the
+user asked, sent before the user's request. (The account is held to its quota all
+along, so a user's request may still wait for the next slot to free up.)
 
     python examples/priority_crawl.py [--tokens 4] [--seconds 4] [--threads 10]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import random
 import statistics
 import sys
@@ -41,6 +44,7 @@ from throttle_client.testing import RedisServer
 
 PER_SECOND = 5
 GAP = 0.1
+ACCOUNT_PER_SECOND = 12  # (less than the tokens' 20 together: the account is the limit)
 MARGIN = 0.05
 # A crawl request booked this soon after a user asked may go first: a low-priority
 # request books only a slot due within the margin, and its ask may reach the store
@@ -50,12 +54,8 @@ REACH = MARGIN + 0.025
 
 
 def capacity(seconds: float) -> int:
-    """The most requests one token can send in ``seconds``: 5 a second, 100 ms apart."""
-    sent, left = 0, seconds
-    while left > 0:
-        sent += min(PER_SECOND, int(left / GAP) + 1)
-        left -= 1.0
-    return sent
+    """The most requests the account allows in ``seconds``: 12 in each second begun."""
+    return ACCOUNT_PER_SECOND * math.ceil(seconds)
 
 
 def run(
@@ -65,9 +65,12 @@ def run(
     thread, the user, sends requests of the usual priority. Returns, for each of the
     user's, how long it waited and how many crawl requests went ahead of it: their slots
     came after the user asked (and more than a moment after: REACH), before the user's."""
-    limiter = Limiter(
-        RedisBackend(redis_url), rates=[f"{PER_SECOND}/second"], min_interval=GAP, margin=MARGIN
+    backend = RedisBackend(redis_url)
+    limiter = Limiter(backend, rates=[f"{PER_SECOND}/second"], min_interval=GAP, margin=MARGIN)
+    account = Limiter(
+        backend, rates=[f"{ACCOUNT_PER_SECOND}/second"], margin=MARGIN, namespace="account"
     )
+    also = [(account, lambda request: "the-account")]
     pool = TokenPool(tokens, host="127.0.0.1")
     crawl_slots: list[float] = []
     user_slot = [0.0]  # the slot of the user's request (of its last attempt)
@@ -82,8 +85,8 @@ def run(
                 crawl_slots.append(event.slot)
 
     with (
-        ThrottledClient(limiter, base_url=api_url, pool=pool, priority=crawl) as crawler,
-        ThrottledClient(limiter, base_url=api_url, pool=pool) as interactive,
+        ThrottledClient(limiter, base_url=api_url, pool=pool, also=also, priority=crawl) as crawler,
+        ThrottledClient(limiter, base_url=api_url, pool=pool, also=also) as interactive,
     ):
 
         def crawl_worker(index: int) -> None:
@@ -128,7 +131,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="  log: %(message)s")
     print(
         f"{args.threads} crawl threads and one user, {args.tokens} tokens of {PER_SECOND}/s "
-        f"(>= {GAP:g}s apart)"
+        f"(>= {GAP:g}s apart), their account {ACCOUNT_PER_SECOND}/s"
     )
     print(
         f"{'crawl priority':<16}{'429s':>6}{'quota used':>12}{'user waits p50':>16}"
@@ -140,15 +143,20 @@ def main() -> int:
         tokens = [f"{crawl}-token-{n:02d}" for n in range(args.tokens)]
         with (
             RedisServer() as redis_server,
-            StrictUpstream(rates=[f"{PER_SECOND}/second"], min_interval=GAP) as api,
+            StrictUpstream(
+                rates=[f"{PER_SECOND}/second"],
+                min_interval=GAP,
+                accounts=dict.fromkeys(tokens, "the-account"),
+                account_rates=[f"{ACCOUNT_PER_SECOND}/second"],
+            ) as api,
         ):
             started = time.monotonic()  # (the API journals arrivals by this clock)
             users = run(redis_server.url, api.url, tokens, args.seconds, args.threads, crawl)
-            arrivals = [t for token in tokens for t in api.arrivals(token) if t >= started]
+            arrivals = [t for t in api.account_arrivals("the-account") if t >= started]
             refused = sum(len(api.refusals(token)) for token in tokens)
         first = min(arrivals)
         used = sum(1 for t in arrivals if t < first + args.seconds)
-        share = used / (capacity(args.seconds) * args.tokens)
+        share = used / capacity(args.seconds)
         waits = [1000 * waited for waited, _ in users]
         ahead[crawl] = [count for _, count in users]
         print(
@@ -160,7 +168,7 @@ def main() -> int:
     # ahead of it; in one queue, those booked before it are in its way.
     ok = ok and max(ahead["low"]) == 0 and statistics.median(ahead["normal"]) > 0
     print(
-        "OK: the crawl used the pool's quota, and the user's requests went first"
+        "OK: the crawl used the account's quota, and the user's requests went first"
         if ok
         else "FAILED"
     )

@@ -355,6 +355,39 @@ class StackedModel:
         fall between bookings, wherever every window that would hold it stays within its
         limit and the gap holds on both sides: a key with room is never held up by
         another key's calls booked later in it."""
+        slot = self._slot(charges, now)
+        if max_wait is not None and slot - now > max_wait:
+            return False, slot
+        for key, cost in charges:
+            model, log = self.models[key], self.models[key]._log(key)
+            log.entries.append((slot, cost))
+            log.entries.sort()
+            assert model._never_over(log), (slot, log.entries)  # by the calls' own slots
+        return True, slot
+
+    def acquire_any(
+        self,
+        keys: list[str],
+        partners: list[tuple[str, int]],
+        now: int,
+        max_wait: int | None,
+        horizon: int,
+    ) -> tuple[str, bool, int]:
+        """A pool's call charged to ``partners`` too: ``acquire_all`` on the key whose
+        slot with them is earliest; of equal ones the key whose newest booking is the
+        oldest (none, or one ``horizon`` or more ago: -1), then the first. The key it
+        took, whether it was admitted, and its slot."""
+
+        def newest(key: str) -> int:
+            entries = self.models[key].logs[key].entries if key in self.models[key].logs else []
+            return entries[-1][0] if entries and entries[-1][0] + horizon > now else -1
+
+        ranks = [(self._slot([(key, 1), *partners], now), newest(key)) for key in keys]
+        key = keys[ranks.index(min(ranks))]
+        return (key, *self.acquire_all([(key, 1), *partners], now, max_wait))
+
+    def _slot(self, charges: list[tuple[str, int]], now: int) -> int:
+        """The slot of a call charged to ``charges``, writing nothing."""
         logs = [(self.models[key], self.models[key]._log(key), cost) for key, cost in charges]
         own_model, own, _ = logs[0]
         floor = max([now, *(log.pause_until for _, log, _ in logs)])
@@ -369,14 +402,7 @@ class StackedModel:
                 model._fits_between(log, s, cost) for model, log, cost in logs[1:]
             )
 
-        slot = Model._first(floor, [(model, log) for model, log, _ in logs], fits, near)
-        if max_wait is not None and slot - now > max_wait:
-            return False, slot
-        for model, log, cost in logs:
-            log.entries.append((slot, cost))
-            log.entries.sort()
-            assert model._never_over(log), (slot, log.entries)  # by the calls' own slots
-        return True, slot
+        return Model._first(floor, [(model, log) for model, log, _ in logs], fits, near)
 
 
 @dataclass

@@ -56,8 +56,8 @@ EXPECTED = {
         "OK: the pool used its tokens' quota as one",
     ],
     "priority_crawl.py": [
-        "10 crawl threads and one user, 4 tokens of 5/s (>= 0.1s apart)",
-        "OK: the crawl used the pool's quota, and the user's requests went first",
+        "10 crawl threads and one user, 4 tokens of 5/s (>= 0.1s apart), their account 12/s",
+        "OK: the crawl used the account's quota, and the user's requests went first",
     ],
     "calendar_quota.py": [
         "Sun 08 Mar        40     23  00:00:00.050   Mon 09 Mar 00:00 PDT",

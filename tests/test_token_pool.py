@@ -255,7 +255,7 @@ def test_a_pool_may_put_its_token_elsewhere(mode: str) -> None:
     assert arrived == ["tok-a", "tok-b"]
 
 
-def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
+def test_a_routes_pool_wins_and_a_pool_cannot_be_held_in_flight() -> None:
     seen: list[str] = []
 
     def upstream(request: httpx.Request) -> httpx.Response:
@@ -274,14 +274,57 @@ def test_a_routes_pool_wins_and_a_pool_cannot_be_stacked() -> None:
         client.get("https://api.example.com/search/code")
         client.get("https://api.example.com/items")
     assert seen == ["Bearer s-1", "Bearer tok-a"]
-    account = Limiter(limiter.backend, rates=["9/second"], namespace="account")
-    with pytest.raises(ConfigurationError, match="TokenPool"):
-        ThrottledTransport(
-            limiter, pool=TokenPool(TOKENS, host=HOST), also=[(account, lambda r: "acct")]
-        )
     capped = Limiter(limiter.backend, rates=["2/second"], namespace="capped", max_concurrent=1)
     with pytest.raises(ConfigurationError, match="max_concurrent"):
         ThrottledTransport(routes=[Route(capped, pool=TokenPool(TOKENS, host=HOST))])
+    with pytest.raises(ConfigurationError, match=r"TokenPool.*capped.*max_concurrent"):
+        ThrottledTransport(
+            limiter, pool=TokenPool(TOKENS, host=HOST), also=[(capped, lambda r: "acct")]
+        )
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_pools_requests_are_charged_to_the_account_its_tokens_share(how: str) -> None:
+    """Three tokens of 2 a second, their account 4 a second (also=): four requests take
+    the tokens in turn and fill the account; the fifth waits for the account, though
+    two tokens still have room, and goes out a second later (on the first token, free
+    again by then, as the others)."""
+    clock = FakeClock()
+    seen: list[tuple[str, float]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append((request.headers["Authorization"], clock()))
+        return httpx.Response(200)
+
+    store = MemoryBackend()
+    kind = Limiter if how == "sync" else AsyncLimiter
+    sleep = clock.sleep if how == "sync" else clock.asleep
+    options: dict[str, Any] = {"clock": clock, "sleep": sleep, "margin": 0}
+    tokens = kind(store, rates=["2/second"], **options)
+    account = kind(store, rates=["4/second"], namespace="account", **options)
+    pool, also = TokenPool(TOKENS, host=HOST), [(account, lambda request: "acct")]
+    start = clock()
+    if how == "sync":
+        transport = ThrottledTransport(
+            tokens, pool=pool, also=also, transport=httpx.MockTransport(upstream)
+        )
+        with httpx.Client(transport=transport) as client:
+            for _ in range(5):
+                client.get(f"https://{HOST}/items")
+    else:
+
+        async def crawl() -> None:
+            transport = AsyncThrottledTransport(
+                tokens, pool=pool, also=also, transport=httpx.MockTransport(upstream)
+            )
+            async with httpx.AsyncClient(transport=transport) as client:
+                for _ in range(5):
+                    await client.get(f"https://{HOST}/items")
+
+        asyncio.run(crawl())
+    tokens_sent = [token.removeprefix("Bearer ") for token, _ in seen]
+    assert tokens_sent == ["tok-a", "tok-b", "tok-c", "tok-a", "tok-a"]
+    assert [round(at - start, 2) for _, at in seen] == [0.0, 0.0, 0.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,20 @@ def acquire_op(
     response's headers). ``pool``: a pool's call, on one of these keys."""
     mark_us = core._config.margin_us if mark else -1
     if pool:
-        return core._plan.acquire_any(pool, cost, max_wait_us, now, mark_us)
+        if not also:
+            return core._plan.acquire_any(pool, cost, max_wait_us, now, mark_us)
+        # A pool's call charged to keys its tokens share (also=): an account.
+        partners = charges(core, pool[0], cost, also, now)[1:]
+        op = core._plan.acquire_any(
+            pool,
+            cost,
+            max_wait_us,
+            now,
+            mark_us,
+            list(zip([other._plan for other, *_ in also], partners, strict=True)),
+        )
+        core._together([*op.keys, *(partner.key for partner in partners)])
+        return op
     if not also and not lease_id:
         return core._plan.acquire(key, cost, max_wait_us, now, mark_us)
     # A stacked call (also=), or a capped one (lease_id: the store keeps its lease

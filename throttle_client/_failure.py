@@ -204,7 +204,10 @@ class FailureGuard:
                     ),
                 )
             elif isinstance(op, AcquireAny):
-                local = cast(Op[T], dataclasses.replace(op.forgetting(), quota=share(op.quota)))
+                partners = tuple(dataclasses.replace(p, quota=share(p.quota)) for p in op.partners)
+                forgot = op.forgetting()
+                shared = dataclasses.replace(forgot, quota=share(op.quota), partners=partners)
+                local = cast(Op[T], shared)
             elif isinstance(op, Acquire):
                 local = cast(Op[T], dataclasses.replace(op, quota=share(op.quota), expect=-1))
             else:
@@ -226,6 +229,8 @@ class FailureGuard:
             now = op.time_us()
             if isinstance(op, (Acquire, AcquireAll)):
                 quotas = [c.quota for c in op.charges] if isinstance(op, AcquireAll) else [op.quota]
+                if isinstance(op, AcquireAny):
+                    quotas += [p.quota for p in op.partners]
                 limits = tuple(limit for quota in quotas for limit, _ in quota.limits)
                 verdict = Verdict(True, now, now, 0, limits)
                 if isinstance(op, AcquireAny):

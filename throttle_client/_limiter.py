@@ -166,6 +166,7 @@ class Limiter(LimiterCore):
         cost: int = 1,
         timeout: float | timedelta | None = None,
         *,
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
         priority: str = "normal",
     ) -> Decision:
         """:meth:`acquire` on a pool of keys used as one (several tokens of one quota):
@@ -175,20 +176,35 @@ class Limiter(LimiterCore):
         A key paused by its upstream, or booked ahead, is passed over while another has
         an earlier slot; of equal slots, the key used least lately is taken (so an idle
         pool spreads its calls over its keys), then the first in ``keys``. On a Redis
-        Cluster the keys must share a hash slot (``tag=``)."""
+        Cluster the keys must share a hash slot (``tag=``).
+
+        ``also``: as :meth:`acquire`'s, charged whichever key is taken (an account the
+        tokens share): the key taken is the one whose slot with them is earliest."""
         refuse_in_event_loop("Limiter.acquire_any()")
         pool = self._pool(keys, "acquire_any")
+        self._refuse_capped(also, "acquire_any")
         level = priority if priority == "normal" else check_priority(priority, "priority")
-        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool, priority=level)
+        flow = waiting_flow(
+            self, pool[0], cost, timeout, self._local(), also=also, pool=pool, priority=level
+        )
         return run(flow, self._perform)
 
-    def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
+    def try_acquire_any(
+        self,
+        keys: Sequence[str],
+        cost: int = 1,
+        *,
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
+    ) -> Decision:
         """:meth:`try_acquire` on a pool of keys (see :meth:`acquire_any`): admitted on
         the key whose slot is now, if one is; a refusal names the key whose slot is
         earliest, and ``retry_after`` is when it is."""
         refuse_in_event_loop("Limiter.try_acquire_any()")
         pool = self._pool(keys, "try_acquire_any")
-        flow = acquire_flow(self, pool[0], cost, 0, self._local(), refusal=True, pool=pool)
+        self._refuse_capped(also, "try_acquire_any")
+        flow = acquire_flow(
+            self, pool[0], cost, 0, self._local(), refusal=True, also=also, pool=pool
+        )
         return run(flow, self._perform)
 
     def lease(
@@ -340,18 +356,31 @@ class AsyncLimiter(LimiterCore):
         cost: int = 1,
         timeout: float | timedelta | None = None,
         *,
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
         priority: str = "normal",
     ) -> Decision:
         """See :meth:`Limiter.acquire_any`: ``(await limiter.acquire_any(tokens)).key``."""
         pool = self._pool(keys, "acquire_any")
+        self._refuse_capped(also, "acquire_any")
         level = priority if priority == "normal" else check_priority(priority, "priority")
-        flow = waiting_flow(self, pool[0], cost, timeout, self._local(), pool=pool, priority=level)
+        flow = waiting_flow(
+            self, pool[0], cost, timeout, self._local(), also=also, pool=pool, priority=level
+        )
         return await arun(flow, self._perform)
 
-    async def try_acquire_any(self, keys: Sequence[str], cost: int = 1) -> Decision:
+    async def try_acquire_any(
+        self,
+        keys: Sequence[str],
+        cost: int = 1,
+        *,
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
+    ) -> Decision:
         """See :meth:`Limiter.try_acquire_any`."""
         pool = self._pool(keys, "try_acquire_any")
-        flow = acquire_flow(self, pool[0], cost, 0, self._local(), refusal=True, pool=pool)
+        self._refuse_capped(also, "try_acquire_any")
+        flow = acquire_flow(
+            self, pool[0], cost, 0, self._local(), refusal=True, also=also, pool=pool
+        )
         return await arun(flow, self._perform)
 
     def lease(

@@ -223,9 +223,16 @@ class Planner:
         )
 
     def acquire_any(
-        self, keys: Sequence[str], cost: int, max_wait_us: int, now: float, mark_us: int
+        self,
+        keys: Sequence[str],
+        cost: int,
+        max_wait_us: int,
+        now: float,
+        mark_us: int,
+        partners: Sequence[tuple[Planner, Charge]] = (),
     ) -> AcquireAny:
-        """The operation of a pool's call: one of ``keys``, the one whose slot is earliest."""
+        """The operation of a pool's call: one of ``keys``, the one whose slot is earliest;
+        charged to ``partners`` (each key's planner and charge) too."""
         store_time, expect = self.pacing.store_time_us, self.lives.expect
         choices = []
         cards: tuple[StoreCard, ...] = ()
@@ -235,6 +242,8 @@ class Planner:
             choices.append(
                 Choice(store_key, *expect(store_key, store_time, now), self.history_of(store_key))
             )
+        for planner, charge in partners:
+            cards += planner.cards_due(charge.key, now)
         first = choices[0]
         return AcquireAny(
             key=first.key,
@@ -249,6 +258,10 @@ class Planner:
             expect=first.expect,
             seen=first.seen,
             others=tuple(choices[1:]),
+            partners=tuple(charge for _, charge in partners),
+            partner_history=tuple(
+                spec for planner, charge in partners for spec in planner.history_of(charge.key)
+            ),
         )
 
     def inspect(self, store_key: str, now: float) -> Inspect:
@@ -311,6 +324,12 @@ def rewindowed(
             for charge, planner in zip(op.charges, planners, strict=True)
         )
         return dataclasses.replace(op, charges=charges)  # type: ignore[return-value]
+    if isinstance(op, AcquireAny) and op.partners:
+        partners = tuple(
+            dataclasses.replace(partner, quota=quota(planner))
+            for partner, planner in zip(op.partners, planners[1:], strict=True)
+        )
+        return dataclasses.replace(op, quota=quota(planners[0]), partners=partners)  # type: ignore[return-value]
     assert isinstance(op, (Acquire, Inspect, Pause))
     return dataclasses.replace(op, quota=quota(planners[0]))  # type: ignore[return-value]
 
@@ -329,13 +348,21 @@ def expecting(op: Acquire | AcquireAll, planners: Planners, now: float) -> Acqui
                 )
                 for other in op.others
             )
-            return dataclasses.replace(op, expect=expect, seen=seen, others=others)
+            partners = _known(op.partners, planners[1:], now)
+            return dataclasses.replace(
+                op, expect=expect, seen=seen, others=others, partners=partners
+            )
         return dataclasses.replace(op, expect=expect, seen=seen)
-    charges = []
-    for planner, charge in zip(planners, op.charges, strict=True):
+    return dataclasses.replace(op, charges=_known(op.charges, planners, now))
+
+
+def _known(charges: Sequence[Charge], planners: Planners, now: float) -> tuple[Charge, ...]:
+    """``charges`` with what each key's planner knows now of its life."""
+    found = []
+    for planner, charge in zip(planners, charges, strict=True):
         expect, seen = planner.lives.expect(charge.key, planner.pacing.store_time_us, now)
-        charges.append(dataclasses.replace(charge, expect=expect, seen=seen))
-    return dataclasses.replace(op, charges=tuple(charges))
+        found.append(dataclasses.replace(charge, expect=expect, seen=seen))
+    return tuple(found)
 
 
 def rebook(

@@ -158,11 +158,6 @@ class TransportCore(Generic[L]):
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
         self.acquire_timeout = acquire_timeout(self.acquire_timeout, "acquire_timeout")
-        pooled: list[tuple[L | None, bool, TokenPool | None]] = [
-            (self.limiter, bool(self.also), self.pool)
-        ]
-        for route in self.routes:
-            pooled.append((route.limiter, bool(route.also or self.also), route.pool or self.pool))
         if self.priority != NORMAL:
             everyone = [self.limiter, *(route.limiter for route in self.routes)]
             everyone += [spec[0] for spec in self.also]
@@ -173,11 +168,17 @@ class TransportCore(Generic[L]):
                     f"{transport}: priority={self.priority!r} with {capped[0]!r}: a capped "
                     "call waits for its lease in one queue, whatever its priority"
                 )
-        for limiter, also, pool in pooled:
-            if pool is not None and limiter is not None and (also or limiter.max_concurrent):
+        checks: list[tuple[Any, Sequence[Any], TokenPool | None]] = [
+            (self.limiter, self.also, self.pool)
+        ]
+        for each in self.routes:
+            checks.append((each.limiter, list(each.also) + list(self.also), each.pool or self.pool))
+        for limiter, also, pool in checks:
+            held = _capped_among(limiter, also)
+            if pool is not None and held is not None:
                 raise ConfigurationError(
-                    f"{transport}: a TokenPool's requests are charged to one token of "
-                    f"{limiter!r} alone; it cannot be combined with also= or max_concurrent"
+                    f"{transport}: a TokenPool's requests cannot be held in flight: "
+                    f"{held!r} has max_concurrent"
                 )
 
     def limiters(self) -> list[L]:
@@ -307,6 +308,7 @@ class TransportCore(Generic[L]):
                     plan.cost,
                     plan.timeout,
                     now,
+                    also=plan.also,
                     pool=tokens,
                     priority=plan.priority,
                 )
@@ -514,3 +516,10 @@ async def adrain(response: httpx.Response) -> None:
         pass
     finally:
         await response.aclose()
+
+
+def _capped_among(limiter: Any, also: Sequence[Any]) -> Any:
+    """The first of a route's limiter and its also= partners with max_concurrent, if any."""
+    return next(
+        (one for one in (limiter, *(s[0] for s in also)) if one and one.max_concurrent), None
+    )

@@ -52,6 +52,10 @@ class TokenPool:
     that carries credentials of its own as it is, but that request is still charged to
     the token it was given).
 
+    With the transport's or route's ``also=`` (an account the tokens share), each request
+    is charged to those keys too, and takes the token whose slot with them is earliest;
+    their key functions see the request before its token is set.
+
     >>> pool = TokenPool(["ghp_a", "ghp_b", "ghp_c"], host="api.github.com")
     >>> ThrottledTransport(token_limiter, pool=pool)
     >>> def api_key(request, key):

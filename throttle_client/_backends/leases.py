@@ -90,15 +90,19 @@ def log_keys(op: Op[Any]) -> list[str]:
     if isinstance(op, (Release, Renew)):
         return []
     if isinstance(op, AcquireAny):
-        return list(op.keys)
+        return list(op.all_keys)
     return [c.key for c in op.charges] if isinstance(op, AcquireAll) else [op.key]
 
 
-def narrowed(op: AcquireAny, logs: Sequence[L], now: int) -> tuple[int, Acquire, L]:
-    """A pool's call as the plain acquire it makes (``sliding_log.choose``): the place of
-    the key it takes, that key's :class:`Acquire`, and its log."""
-    index = sliding_log.choose(logs, op, now)
-    return index, op.choice(index), logs[index]
+def narrowed(
+    op: AcquireAny, logs: Sequence[L], now: int
+) -> tuple[int, Acquire | AcquireAll, list[L]]:
+    """A pool's call as the call it makes (``sliding_log.choose``; ``logs``: those of
+    ``op.all_keys``): the place of the key it takes, that key's :class:`Acquire` (with
+    partners, :class:`AcquireAll`), and the logs that call reads."""
+    chosen = len(op.keys)
+    index = sliding_log.choose(logs[:chosen], op, now, logs[chosen:])
+    return index, op.choice(index), [logs[index], *logs[chosen:]]
 
 
 def execute(

@@ -278,8 +278,7 @@ class MemoryBackend(Backend):
         opened = logs = [self._log(key, now) for key in keys]
         chosen, run = -1, cast(Op[Any], op)
         if isinstance(op, AcquireAny):  # a pool's call: the plain acquire it makes
-            chosen, run, log = leases.narrowed(op, opened, now)
-            logs = [log]
+            chosen, run, logs = leases.narrowed(op, opened, now)
         counts = history.counts(run, logs[0]) if logs else False
         touched: list[str] = []
 

@@ -97,9 +97,16 @@ class AcquireAny(Acquire):
     (the cost, the wait, the call id); ``others`` the other keys'. The answer says which
     key it took (``Verdict.chosen``, 0 for the first), and is that key's
     :class:`Acquire` answer; a ``retry`` takes the key whose log holds its id. The
-    ``cards`` are every key's that are due, written whatever the choice."""
+    ``cards`` are every key's that are due, written whatever the choice.
+
+    ``partners``: keys the call is charged to as well, whichever key it takes (``also=``:
+    an account its tokens share), with the usage histories they keep
+    (``partner_history``). Then the call takes the key whose :class:`AcquireAll` with
+    them has the earliest slot, and that is the call it makes (``choice``)."""
 
     others: tuple[Choice, ...] = ()
+    partners: tuple[Charge, ...] = ()
+    partner_history: tuple[HistorySpec, ...] = ()
 
     def __post_init__(self) -> None:
         keys = self.keys
@@ -112,12 +119,30 @@ class AcquireAny(Acquire):
     def keys(self) -> tuple[str, ...]:
         return (self.key, *(other.key for other in self.others))
 
-    def choice(self, index: int) -> Acquire:
-        """The plain :class:`Acquire` of the ``index``-th key, as the store runs it."""
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        """The pool's keys, then its partners'."""
+        return (*self.keys, *(partner.key for partner in self.partners))
+
+    def choice(self, index: int) -> Acquire | AcquireAll:
+        """The call on the ``index``-th key, as the store runs it: a plain
+        :class:`Acquire`, or with partners an :class:`AcquireAll` (that key first)."""
         if index == 0:
             key, expect, seen, history = self.key, self.expect, self.seen, self.history
         else:
             key, expect, seen, history = self.others[index - 1]
+        if self.partners:
+            return AcquireAll(
+                (Charge(key, self.quota, self.cost, expect, seen), *self.partners),
+                self.max_wait_us,
+                self.call_id,
+                now_us=self.now_us,
+                lead_us=self.lead_us,
+                mark_us=self.mark_us,
+                cards=self.cards,
+                history=history + self.partner_history,
+                retry=self.retry,
+            )
         return Acquire(
             key=key,
             quota=self.quota,
@@ -138,7 +163,8 @@ class AcquireAny(Acquire):
         """This call as a store that is not the one its keys' lives were seen in runs it
         (``on_unavailable``'s local store): expecting no life of any key."""
         others = tuple(other._replace(expect=-1, seen=-1) for other in self.others)
-        return dataclasses.replace(self, expect=-1, seen=-1, others=others)
+        partners = tuple(dataclasses.replace(p, expect=-1, seen=-1) for p in self.partners)
+        return dataclasses.replace(self, expect=-1, seen=-1, others=others, partners=partners)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
     elif isinstance(op, (AcquireAll, AcquireAny)):
         # "repaired:<part>:<n>": the n-th key of the stacked call, or of the pool; a
         # word for each key rebuilt.
-        named = op.keys if isinstance(op, AcquireAny) else [c.key for c in op.charges]
+        named = op.all_keys if isinstance(op, AcquireAny) else [c.key for c in op.charges]
         while words[0][:9] in (b"repaired:", "repaired:"):
             word = words.pop(0)
             _, part, index = (word.decode() if isinstance(word, bytes) else word).split(":")
@@ -82,6 +82,8 @@ def decode(op: Op[T], reply: Any, notice: RepairNotice | None = None) -> T:
         # 4 refused for a full cap.
         allowed, now, slot, pause, *remaining = values
         keys = len(op.charges) if isinstance(op, AcquireAll) else 1
+        if isinstance(op, AcquireAny):  # (with partners: the chosen key's acquire_all)
+            keys += len(op.partners)
         ends = remaining[-2 * keys :]  # each key's life and total end the answer
         del remaining[-2 * keys :]
         mark = born = -1

@@ -203,6 +203,14 @@ def _any(
     expects += [_expected(other.expect, other.seen) for other in op.others]
     call = (b"%d" % op.cost, _wait(op.max_wait_us, queued_us), _call(op.call_id, op.retry))
     marks = (b"%d" % op.lead_us, b"%d" % op.mark_us, b"%d" % len(kept))
+    if op.partners:  # keys its tokens share: their keys and arguments after the pool's
+        shared: tuple[bytes | str, ...] = (b"%d" % len(op.partners),)
+        for partner in op.partners:
+            keys += redis_keys(partner.key)
+            shared += (quota_arg(partner.quota), b"%d" % partner.cost)
+            shared += (_expected(partner.expect, partner.seen),)
+        args = (b"acquire_any_also", quota_arg(op.quota), now, *call, *marks, *shared)
+        return keys, (*args, *kept, *expects)
     return keys, (b"acquire_any", quota_arg(op.quota), now, *call, *marks, *kept, *expects)
 
 
@@ -273,6 +281,8 @@ def alone(ops: list[Op[Any]]) -> bool:
 def declared(op: Op[Any]) -> tuple[HistorySpec, ...]:
     """The histories an operation's call declares in items of their own, before it: a
     stacked call's (an acquire carries its own in its arguments)."""
+    if isinstance(op, AcquireAny):  # (the pool's keys carry theirs in its arguments)
+        return op.partner_history
     return () if isinstance(op, Acquire) else getattr(op, "history", ())
 
 

@@ -266,14 +266,18 @@ def common_slot(pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int) ->
         slot = later
 
 
-def choose(logs: Sequence[LogView], op: AcquireAny, now: int) -> int:
+def choose(
+    logs: Sequence[LogView], op: AcquireAny, now: int, partners: Sequence[LogView] = ()
+) -> int:
     """Which key of a pool's call (:class:`AcquireAny`, over the logs of its keys, in
     order) it books: for a retry, the one whose log holds its id; else the one whose
     slot is earliest, and of equal slots the one used least lately (its newest booking
     the oldest, so that a pool spreads its calls over its keys; one past the horizon,
     which a store may have forgotten, counts as none), then the first. A key that lost
     its history counts from the hold its call would set (:func:`lost_hold`). A key whose
-    windows the call did not give (Stale) is taken at once: its answer asks for them."""
+    windows the call did not give (Stale) is taken at once: its answer asks for them.
+    With ``partners`` (the logs of ``op.partners``) a key's slot is the one its call
+    with them would take (:func:`common_slot`)."""
     if op.retry:
         for index, log in enumerate(logs):
             if log.slot_of(op.call_id) is not None:
@@ -282,7 +286,12 @@ def choose(logs: Sequence[LogView], op: AcquireAny, now: int) -> int:
     lives = [(op.expect, op.seen), *((other.expect, other.seen) for other in op.others)]
     for index, (log, (expect, seen)) in enumerate(zip(logs, lives, strict=True)):
         try:
-            slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
+            if partners:
+                own = Charge(op.key, op.quota, op.cost)
+                pairs = [(log, own), *zip(partners, op.partners, strict=True)]
+                slot = common_slot(pairs, now, op.lead_us)
+            else:
+                slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
         except Stale:
             return index
         held = lost_hold(log, op.quota, expect, seen, now)  # (held once its call books)

@@ -221,8 +221,7 @@ class SQLiteBackend(Backend):
             opened = logs = self._logs(db, op, now, repaired, writable=writable)
             chosen, run = -1, cast(Op[Any], op)
             if isinstance(op, AcquireAny):  # a pool's call: the plain acquire it makes
-                chosen, run, log = leases.narrowed(op, opened, now)
-                logs = [log]
+                chosen, run, logs = leases.narrowed(op, opened, now)
             counts = history.counts(run, logs[0]) if logs else False
             result = leases.execute(run, logs, lambda key: SQLiteLeases(db, key), now, granted)
             if chosen >= 0:
@@ -252,6 +251,7 @@ class SQLiteBackend(Backend):
             parts = [(c.key, c.quota) for c in op.charges]
         elif isinstance(op, AcquireAny):  # a pool's call: every key's, to choose one
             parts = [(key, op.quota) for key in op.keys]
+            parts += [(partner.key, partner.quota) for partner in op.partners]
         elif isinstance(op, (Release, Renew)):  # leases only: no log is read
             parts = []
         else:

@@ -100,62 +100,6 @@ local function op_acquire(k, q, keys, argv)
   return answer(out)
 end
 
--- acquire_any: a pool's call (ops.AcquireAny), booked as an acquire on the one of its keys
--- whose slot is earliest, of equal ones the one used least lately (a booking past the
--- horizon counts as none), then the first (a retry's: the one holding its id;
--- sliding_log.choose).
--- ARGV: QUOTA NOW COST WAIT CALL LEAD MARK, the number of history arguments and those
--- (its keys share them), then each key's EXPECT; KEYS: each key's L, M (and history).
--- The reply is that acquire's, led by "any:<place of the key, from 1>".
-local function op_acquire_any(keys, argv)
-  local q, problem = read_quota(argv[2])
-  if not q then return fail(problem) end
-  local cost, lead, nh = whole(argv[4], 1), whole(argv[7], 0), whole(argv[9], 0)
-  local id, retry = read_id(argv[6])
-  if not cost or not lead or not nh then return fail('bad acquire_any') end
-  if not id then return fail('missing or bad call id') end
-  problem = check_cost(q, cost)
-  if problem then return fail(problem) end
-  local per, first = nh > 0 and 3 or 2, 10 + nh
-  local n = #argv - first + 1
-  if n < 1 or #keys ~= per * n then return fail('bad keys for acquire_any') end
-  local ks = {}
-  for i = 1, n do
-    ks[i], problem = open(keys[per * i - per + 1], keys[per * i - per + 2], q, i)
-    if not ks[i] then return fail(problem) end
-  end
-  local best
-  if retry then
-    for i = 1, n do
-      if booked(ks[i], id) then best = i; break end
-    end
-  end
-  if not best then
-    local best_slot, best_last
-    for i = 1, n do
-      local slot = earliest_slot(ks[i], cost)
-      if not slot then best = i; break end -- (stale: its answer asks for the windows)
-      if slot < now + lead then slot = now + lead end
-      -- (A key that lost its history is held when its call books: from the hold.)
-      local held = lost_hold(ks[i], argv[first + i - 1])
-      if held and held > slot then slot = held end
-      local last = ks[i].last
-      if last + q.horizon <= now then last = -1 end
-      if not best_slot or slot < best_slot or (slot == best_slot and last < best_last) then
-        best, best_slot, best_last = i, slot, last
-      end
-    end
-  end
-  local at = per * (best - 1)
-  local sub_keys = {keys[at + 1], keys[at + 2], nh > 0 and keys[at + 3] or nil}
-  local sub_argv = {'acquire', argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], argv[8],
-                    argv[first + best - 1]}
-  for j = 1, nh do sub_argv[9 + j] = argv[9 + j] end
-  local answer = op_acquire(ks[best], q, sub_keys, sub_argv)
-  if type(answer) ~= 'string' then return answer end -- (an error)
-  return 'any:' .. best .. ' ' .. answer
-end
-
 -- acquire_all, lease: one call charged to several keys, or a capped call.
 local function op_acquire_all(keys, argv, op)
   -- 'lease' is a capped call: argv[7] is its lease id: per key, argv gives quota, cost,
@@ -279,36 +223,8 @@ local function op_acquire_all(keys, argv, op)
     end
     return answer(remaining_all(now, {at_head, now, hint, pause})) -- 2: queued, 3: at the head
   end
-  -- The slot that suits every key (sliding_log.common_slot): from the latest of the
-  -- keys' earliest slots (a shared key's counted only when it cannot be filled), each
-  -- shared key's first slot that suits it from there (fill_slot), and every key's
-  -- calendar windows, round again until the slot stays.
-  local latest = {}
-  for i = 1, n do
-    local earliest, missing = earliest_slot(keys[i], costs[i])
-    if not earliest then return stale(missing) end
-    latest[i] = earliest
-  end
-  local slot = math.max(now + lead, latest[1])
-  for i = 2, n do
-    if not fillable(keys[i], slot) then slot = math.max(slot, latest[i]) end
-  end
-  repeat
-    local later = slot
-    for i = 1, n do
-      local k = keys[i]
-      if i > 1 and later < latest[i] and fillable(k, later) then
-        later = fill_slot(k, math.max(later, k.pause), costs[i], latest[i])
-      elseif i > 1 then
-        later = math.max(later, latest[i])
-      end
-      local fits, missing = calendar_slot(k, later, costs[i])
-      if not fits then return stale(missing) end
-      later = math.max(later, fits)
-    end
-    local moved = later ~= slot
-    slot = later
-  until not moved
+  local slot, missing = common_slot(keys, costs, lead)
+  if not slot then return stale(missing) end
   if max_wait >= 0 and slot - now > max_wait then
     for _, lk in ipairs(capped) do touch(lk) end
     for i = 1, n do tidy(keys[i]) end
@@ -323,4 +239,103 @@ local function op_acquire_all(keys, argv, op)
     touch(lk)
   end
   return admitted(slot, marked)
+end
+
+-- acquire_any: a pool's call (ops.AcquireAny), booked as an acquire on the one of its keys
+-- whose slot is earliest, of equal ones the one used least lately (a booking past the
+-- horizon counts as none), then the first (a retry's: the one holding its id;
+-- sliding_log.choose).
+-- ARGV: QUOTA NOW COST WAIT CALL LEAD MARK, the number of history arguments and those
+-- (its keys share them), then each key's EXPECT; KEYS: each key's L, M (and history).
+-- The reply is that acquire's, led by "any:<place of the key, from 1>".
+-- acquire_any_also: a pool's call charged to keys its tokens share (AcquireAny.partners):
+-- after the number of history arguments, the number of partners and each one's QUOTA
+-- COST EXPECT; KEYS end with each partner's L, M. A key's slot is then the one its call
+-- with the partners would take (common_slot), and the call is that acquire_all, its
+-- reply led by "any:<place>".
+local function op_acquire_any(keys, argv, op)
+  local q, problem = read_quota(argv[2])
+  if not q then return fail(problem) end
+  local cost, lead, nh = whole(argv[4], 1), whole(argv[7], 0), whole(argv[9], 0)
+  local id, retry = read_id(argv[6])
+  if not cost or not lead or not nh then return fail('bad acquire_any') end
+  if not id then return fail('missing or bad call id') end
+  problem = check_cost(q, cost)
+  if problem then return fail(problem) end
+  local np, kept = 0, 10 -- partners, and where the history arguments begin
+  if op == 'acquire_any_also' then
+    np, kept = whole(argv[10], 1), 11
+    if not np then return fail('bad partners for acquire_any') end
+    kept = kept + 3 * np
+  end
+  local per, first = nh > 0 and 3 or 2, kept + nh
+  local n = #argv - first + 1
+  if n < 1 or #keys ~= per * n + 2 * np then return fail('bad keys for acquire_any') end
+  local ks = {}
+  for i = 1, n do
+    ks[i], problem = open(keys[per * i - per + 1], keys[per * i - per + 2], q, i)
+    if not ks[i] then return fail(problem) end
+  end
+  local group, costs = {false}, {cost} -- (a key of the pool, then its partners)
+  for j = 1, np do
+    local arg = 11 + 3 * (j - 1)
+    local pq, pcost = read_quota(argv[arg]), whole(argv[arg + 1], 1)
+    if not pq or not pcost or check_cost(pq, pcost) then
+      return fail('bad partner #' .. j .. ' for acquire_any')
+    end
+    group[j + 1], problem = open(keys[per * n + 2 * j - 1], keys[per * n + 2 * j], pq, n + j)
+    if not group[j + 1] then return fail(problem) end
+    costs[j + 1] = pcost
+  end
+  local best
+  if retry then
+    for i = 1, n do
+      if booked(ks[i], id) then best = i; break end
+    end
+  end
+  if not best then
+    local best_slot, best_last
+    for i = 1, n do
+      local slot
+      if np > 0 then
+        group[1] = ks[i]
+        slot = common_slot(group, costs, lead)
+      else
+        slot = earliest_slot(ks[i], cost)
+        if slot and slot < now + lead then slot = now + lead end
+      end
+      if not slot then best = i; break end -- (stale: its answer asks for the windows)
+      -- (A key that lost its history is held when its call books: from the hold.)
+      local held = lost_hold(ks[i], argv[first + i - 1])
+      if held and held > slot then slot = held end
+      local last = ks[i].last
+      if last + q.horizon <= now then last = -1 end
+      if not best_slot or slot < best_slot or (slot == best_slot and last < best_last) then
+        best, best_slot, best_last = i, slot, last
+      end
+    end
+  end
+  local at = per * (best - 1)
+  local answer
+  if np > 0 then -- the chosen key's acquire_all with the partners
+    if nh > 0 and not declare_history(keys[at + 2], keys[at + 3], argv, kept) then
+      return fail('bad history')
+    end
+    local sub_keys = {keys[at + 1], keys[at + 2]}
+    local sub_argv = {'acquire_all', argv[8] == '-1' and '-' or argv[8], argv[3], argv[5],
+                      argv[6], argv[7], argv[2], argv[4], argv[first + best - 1]}
+    for j = 1, np do
+      sub_keys[2 * j + 1], sub_keys[2 * j + 2] = keys[per * n + 2 * j - 1], keys[per * n + 2 * j]
+      for m = 0, 2 do sub_argv[#sub_argv + 1] = argv[11 + 3 * (j - 1) + m] end
+    end
+    answer = op_acquire_all(sub_keys, sub_argv, 'acquire_all')
+  else
+    local sub_keys = {keys[at + 1], keys[at + 2], nh > 0 and keys[at + 3] or nil}
+    local sub_argv = {'acquire', argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], argv[8],
+                      argv[first + best - 1]}
+    for j = 1, nh do sub_argv[9 + j] = argv[9 + j] end
+    answer = op_acquire(ks[best], q, sub_keys, sub_argv)
+  end
+  if type(answer) ~= 'string' then return answer end -- (an error)
+  return 'any:' .. best .. ' ' .. answer
 end

@@ -76,7 +76,7 @@ end
 local UNKEYED = {reset = op_reset, history = op_history, fingerprint = op_fingerprint,
                  card = op_card, release = op_release_or_renew, renew = op_release_or_renew,
                  acquire_all = op_acquire_all, lease = op_acquire_all,
-                 acquire_any = op_acquire_any}
+                 acquire_any = op_acquire_any, acquire_any_also = op_acquire_any}
 local KEYED = {acquire = op_acquire, inspect = op_inspect, learn = op_learn, pause = op_pause}
 
 local in_batch -- whether this script call is a batch (run_batch)

@@ -215,3 +215,38 @@ local function fill_slot(k, floor, cost, latest)
   end
   return math.min(slot, latest)
 end
+
+-- The slot that suits every key of a stacked call (sliding_log.common_slot), ks[1] its
+-- own: from the latest of the keys' earliest slots (a shared key's counted only when it
+-- cannot be filled), each shared key's first slot that suits it from there (fill_slot),
+-- and every key's calendar windows, round again until the slot stays; or nil and the
+-- time whose windows the limiter did not give.
+local function common_slot(ks, costs, lead)
+  local latest, n = {}, #ks
+  for i = 1, n do
+    local earliest, missing = earliest_slot(ks[i], costs[i])
+    if not earliest then return nil, missing end
+    latest[i] = earliest
+  end
+  local slot = math.max(now + lead, latest[1])
+  for i = 2, n do
+    if not fillable(ks[i], slot) then slot = math.max(slot, latest[i]) end
+  end
+  repeat
+    local later = slot
+    for i = 1, n do
+      local k = ks[i]
+      if i > 1 and later < latest[i] and fillable(k, later) then
+        later = fill_slot(k, math.max(later, k.pause), costs[i], latest[i])
+      elseif i > 1 then
+        later = math.max(later, latest[i])
+      end
+      local fits, missing = calendar_slot(k, later, costs[i])
+      if not fits then return nil, missing end
+      later = math.max(later, fits)
+    end
+    local moved = later ~= slot
+    slot = later
+  until not moved
+  return slot
+end
