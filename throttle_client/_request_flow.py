@@ -159,10 +159,7 @@ class TransportCore(Generic[L]):
             raise TypeError(f"retry must be a RetryPolicy, not {self.retry!r}")
         self.acquire_timeout = acquire_timeout(self.acquire_timeout, "acquire_timeout")
         if self.priority != NORMAL:
-            everyone = [self.limiter, *(route.limiter for route in self.routes)]
-            everyone += [spec[0] for spec in self.also]
-            everyone += [spec[0] for route in self.routes for spec in route.also]
-            capped = [one for one in everyone if one is not None and one.max_concurrent]
+            capped = [one for one in self.limiters() if one.max_concurrent]
             if capped:
                 raise ConfigurationError(
                     f"{transport}: priority={self.priority!r} with {capped[0]!r}: a capped "
