@@ -7,6 +7,7 @@ exact number worked out from the spec, in whole microseconds.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from throttle_client import (
     ConfigurationError,
     CostTooHigh,
     Limiter,
+    MemoryBackend,
     Rate,
     ThrottleTimeout,
 )
@@ -369,3 +371,29 @@ def test_a_store_forgets_a_key_by_its_store_key_and_answers_a_ping(make_limiter:
     newcomer = make_limiter(rates=["1/minute"], backend=store, clock=limiter._config.clock)
     assert newcomer.try_acquire("k")
     assert not limiter.try_acquire("other")  # only that key
+
+
+def test_a_slot_waits_its_turn_then_runs_the_block() -> None:
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.sleep, margin=0)
+    start, ran = clock(), []
+    for _ in range(3):
+        with limiter.slot("token") as decision:
+            ran.append(round(clock() - start, 3))
+    assert ran == [0.0, 0.0, 1.0] and decision.waited == 1.0
+
+
+def test_an_async_slot_waits_its_turn_then_runs_the_block() -> None:
+    clock = FakeClock()
+    limiter = AsyncLimiter(
+        MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.asleep, margin=0
+    )
+    start, ran = clock(), []
+
+    async def main() -> None:
+        for _ in range(3):
+            async with limiter.slot("token", timeout=5):
+                ran.append(round(clock() - start, 3))
+
+    asyncio.run(main())
+    assert ran == [0.0, 0.0, 1.0]

@@ -85,3 +85,19 @@ def test_parse_takes_ascii_digits_only(text: str) -> None:
     with pytest.raises(ConfigurationError) as error:
         Rate.parse(text)
     assert repr(text)[:60] in str(error.value)
+
+
+def test_several_rates_in_one_string() -> None:
+    backend = MemoryBackend()
+    both = Limiter(backend, rates="5000/hour; 10/second")
+    assert both.rates == (Rate(5000, 3600), Rate(10, 1))
+    listed = Limiter(backend, rates=["5000/hour;10/second", Rate(3, 1)])
+    assert listed.rates == (Rate(5000, 3600), Rate(10, 1), Rate(3, 1))
+    for text in ("5000/hour;", "; 10/second", "5000/hour;; 10/second"):
+        with pytest.raises(ConfigurationError, match="separated by ';'") as raised:
+            Limiter(backend, rates=text)
+        assert repr(text) in str(raised.value)
+    with pytest.raises(ConfigurationError, match="cannot parse rate 'ten/second'"):
+        Limiter(backend, rates="5000/hour; ten/second")
+    with pytest.raises(ConfigurationError, match="from 1 to 16 rates, not 17"):
+        Limiter(backend, rates="; ".join(["1/second"] * (MAX_RATES + 1)))

@@ -20,7 +20,7 @@ from ._failure import LocalFallback, OnUnavailable
 from ._history import History
 from ._keys import check_namespace, resolve_secret
 from ._ranges import MAX_CONCURRENT, MAX_RATES, MAX_SECONDS
-from ._rate import Rate, bounded_seconds, coerce_rate, to_seconds
+from ._rate import Rate, bounded_seconds, coerce_rate, split_rates, to_seconds
 
 US = 1_000_000
 log = logging.getLogger("throttle_client")
@@ -103,6 +103,7 @@ class Config:
         """The limiter's keyword arguments, each checked: a bad one raises
         ConfigurationError (or TypeError) naming it and its value."""
         listed = [rates] if isinstance(rates, (Rate, str)) else _listed(rates)
+        listed = [rate for item in listed for rate in split_rates(item)]  # ("a; b")
         if not 1 <= len(listed) <= MAX_RATES:
             raise ConfigurationError(
                 f"a limiter needs from 1 to {MAX_RATES} rates, not {len(listed)}"

@@ -226,6 +226,20 @@ class Limiter(LimiterCore):
         see :meth:`acquire`)."""
         return Lease(_Held(self, key, cost, timeout, also, False, priority))
 
+    def slot(
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[Limiter, str] | tuple[Limiter, str, int]] = (),
+        priority: str = "normal",
+    ) -> Lease:
+        """``with limiter.slot(key):`` waits for the call's turn, then runs the block: for
+        code that just wants to wait its turn. The same as :meth:`lease` (on a limiter
+        with ``max_concurrent``, the call is held in flight until the block ends)."""
+        return self.lease(key, cost, timeout, also=also, priority=priority)
+
     @overload
     def usage(self, key: str) -> Usage: ...
 
@@ -395,6 +409,18 @@ class AsyncLimiter(LimiterCore):
         """``async with limiter.lease(key) as decision:``; see :meth:`Limiter.lease`.
         A task cancelled while it waits gives its place up."""
         return AsyncLease(_Held(self, key, cost, timeout, also, False, priority))
+
+    def slot(
+        self,
+        key: str,
+        cost: int = 1,
+        timeout: float | timedelta | None = None,
+        *,
+        also: Sequence[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]] = (),
+        priority: str = "normal",
+    ) -> AsyncLease:
+        """``async with limiter.slot(key):``; see :meth:`Limiter.slot`."""
+        return self.lease(key, cost, timeout, also=also, priority=priority)
 
     @overload
     async def usage(self, key: str) -> Usage: ...

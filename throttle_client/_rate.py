@@ -322,6 +322,20 @@ def _calendar_window(
     return CalendarWindow(name, tz or "UTC", day)
 
 
+def split_rates(value: Rate | str) -> list[Rate | str]:
+    """A string of several rates, ``"5000/hour; 10/second"``, as its rate strings; any
+    other value as it is (checked by :func:`coerce_rate`)."""
+    if not isinstance(value, str) or ";" not in value:
+        return [value]
+    parts: list[Rate | str] = [part.strip() for part in value.split(";")]
+    if not all(parts):
+        raise ConfigurationError(
+            f"cannot parse rates {value!r}: rates are separated by ';', "
+            "with a rate on each side, such as '5000/hour; 10/second'"
+        )
+    return parts
+
+
 def coerce_rate(value: Rate | str) -> Rate:
     """Accept a Rate or a rate string, as limiters do for their ``rates``."""
     if isinstance(value, Rate):
