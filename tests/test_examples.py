@@ -55,6 +55,11 @@ EXPECTED = {
         "refused by the API (429): 0",
         "OK: the pool used its tokens' quota as one",
     ],
+    "requests_crawl.py": [
+        "6 threads, 3 tokens of 5/s (>= 0.1s apart)",
+        "429s sent by the API: 3, passed to callers: 0",
+        "OK: every token paused once, no 429 reached a caller",
+    ],
     "priority_crawl.py": [
         "10 crawl threads and one user, 4 tokens of 5/s (>= 0.1s apart), their account 12/s",
         "OK: the crawl used the account's quota, and the user's requests went first",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +30,14 @@ from throttle_client import Rate
 
 def _rate(rate: Rate | str) -> Rate:
     return rate if isinstance(rate, Rate) else Rate.parse(rate)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that closes a kept-alive connection as it ends is no error of a
+        # request: only the others are printed.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -94,7 +103,7 @@ class StrictUpstream:
         self._tokens: dict[str, _TokenLog] = {}
         self._accounts: dict[str, _TokenLog] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server = _Server(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 

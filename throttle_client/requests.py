@@ -1,0 +1,189 @@
+"""requests: a transport adapter for a ``requests.Session`` that asks a limiter first.
+
+``ThrottledAdapter`` runs each request through the very course the httpx transports run
+(``_request_flow``: admit, send, read the feedback, pause, retry): keys from the request's
+credentials, routes, ``also=``, token pools, priorities, caps, 429 / Retry-After and
+rate-limit headers shared with every worker, limits learned from them, and retries
+through the limiter. It only translates: the flow sees each ``PreparedRequest`` as an
+``httpx.Request`` (method, URL, headers) and each response as an ``httpx.Response``
+(status and headers; the body stays with requests), and the adapter sends and returns
+requests' own objects. ``ThrottledSession`` is a ``requests.Session`` with it mounted.
+
+    pip install 'throttle-client[requests]'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import requests
+from requests.adapters import HTTPAdapter
+
+from ._events import Listener
+from ._flow import refuse_in_event_loop, run
+from ._lease import Lease
+from ._limiter import Limiter
+from ._request_flow import Discard, Hold, Send, TransportCore, lease_of
+from ._request_key import request_key
+from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route, TokenPool
+
+__all__ = ["ThrottledAdapter", "ThrottledSession"]
+
+# Where the view of a response the flow reads keeps requests' own response.
+_ORIGINAL = "throttle_client.requests_response"
+
+
+class ThrottledAdapter(HTTPAdapter):
+    """A ``requests`` transport adapter that waits for the limiter before each request
+    and pauses the key for every worker when the upstream pushes back; the options are
+    :class:`~throttle_client.ThrottledTransport`'s, and behave the same.
+
+    >>> session = requests.Session()
+    >>> session.mount("https://", ThrottledAdapter(limiter))
+    >>> session.get("https://api.example.com/me", headers={"Authorization": "Bearer t"})
+
+    The functions it is given (``key``, ``cost``, the key functions of ``also``, ``pauses``)
+    see the request and the response as httpx objects with the same method, URL, headers
+    and status (``response.extensions["throttle_client.requests_response"]`` is requests'
+    own). With ``max_concurrent`` a request holds its lease until its body is read, or,
+    with ``stream=True``, until its response is closed (``with session.get(...,
+    stream=True) as response:``). Other keyword arguments go to ``HTTPAdapter``
+    (``pool_connections``, ``pool_maxsize``, ``max_retries``).
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter | None = None,
+        *,
+        routes: Sequence[Route[Limiter]] = (),
+        key: KeyFunc = request_key,
+        cost: int | CostFunc = 1,
+        retry: RetryPolicy = RetryPolicy(),
+        acquire_timeout: float | timedelta | None = None,
+        also: Sequence[AlsoSpec[Limiter]] = (),
+        learn: bool = True,
+        pauses: PausesFunc[Limiter] | None = None,
+        pool: TokenPool | None = None,
+        priority: str = "normal",
+        **adapter_options: Any,
+    ) -> None:
+        super().__init__(**adapter_options)
+        options = (key, cost, retry, acquire_timeout, also, learn, pauses, pool, priority)
+        self._core = TransportCore(Limiter, limiter, routes, *options)
+
+    def send(  # type: ignore[override]
+        self, request: requests.PreparedRequest, **options: Any
+    ) -> requests.Response:
+        view = _request_view(request)
+        plan = self._core.plan(view)
+        if plan is None:
+            return super().send(request, **options)
+        refuse_in_event_loop("ThrottledAdapter (a requests.Session)")
+        limiter = plan.limiter
+
+        def perform(step: Any) -> Any:
+            if isinstance(step, Hold):
+                lease = Lease(lease_of(step))
+                return lease.__enter__(), lease
+            if isinstance(step, Send):
+                outgoing = _with_changes(request, view, step.request)
+                try:
+                    response = super(ThrottledAdapter, self).send(outgoing, **options)
+                    if step.lease is not None:
+                        _hold_until_read(response, step.lease, bool(options.get("stream")))
+                except BaseException:
+                    if step.lease is not None:
+                        step.lease.release()
+                    raise
+                return _response_view(response, step.request), limiter._local(), limiter._wall()
+            if isinstance(step, Discard):
+                original: requests.Response = step.response.extensions[_ORIGINAL]
+                original.close()  # (a retry: this one's body is not wanted)
+                return limiter._local()
+            return limiter._perform(step)
+
+        answer = run(self._core.flow(plan, view, limiter._local()), perform)
+        final: requests.Response = answer.extensions[_ORIGINAL]
+        return final
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with every :class:`~throttle_client.Event` of the limiters
+        this adapter uses; returns the function that stops it."""
+        return self._core.listen(listener)
+
+
+class ThrottledSession(requests.Session):
+    """A ``requests.Session`` whose requests over http and https go through a
+    :class:`ThrottledAdapter` made with these options.
+
+    >>> session = ThrottledSession(limiter, acquire_timeout=30)
+    >>> session.get("https://api.example.com/me", headers={"Authorization": "Bearer t"})
+    """
+
+    def __init__(self, limiter: Limiter | None = None, **options: Any) -> None:
+        super().__init__()
+        self.adapter = ThrottledAdapter(limiter, **options)
+        self.mount("http://", self.adapter)
+        self.mount("https://", self.adapter)
+
+
+def _request_view(request: requests.PreparedRequest) -> httpx.Request:
+    """What the flow reads of a request: its method, URL and headers (not its body)."""
+    return httpx.Request(request.method or "GET", request.url or "", headers=_headers(request))
+
+
+def _headers(request: requests.PreparedRequest) -> list[tuple[str, str]]:
+    return [(name, value) for name, value in request.headers.items() if isinstance(value, str)]
+
+
+def _with_changes(
+    request: requests.PreparedRequest, view: httpx.Request, outgoing: httpx.Request
+) -> requests.PreparedRequest:
+    """``request`` as the flow sends it: with what a token pool set on its view (a header,
+    or a query parameter), on a copy, so a redirect requests builds from the original
+    never carries the token elsewhere."""
+    sent = request.copy()
+    before: Mapping[str, str] = view.headers
+    for name, value in outgoing.headers.items():
+        if before.get(name) != value:
+            sent.headers[name] = value
+    for name in before:
+        if name not in outgoing.headers:
+            sent.headers.pop(name, None)
+    if outgoing.url != view.url:
+        sent.url = str(outgoing.url)
+    return sent
+
+
+def _response_view(response: requests.Response, request: httpx.Request) -> httpx.Response:
+    """What the flow reads of a response: its status and headers (requests' own rides in
+    its extensions, body and all)."""
+    return httpx.Response(
+        response.status_code,
+        headers=list(response.headers.items()),
+        request=request,
+        extensions={_ORIGINAL: response},
+    )
+
+
+def _hold_until_read(response: requests.Response, lease: Lease, streamed: bool) -> None:
+    """A capped request's lease: ended once its body is in memory (read here), or, for
+    a streamed one, when its response is closed."""
+    if not streamed:
+        try:
+            response.content  # noqa: B018  (read now: nothing is left in flight)
+        finally:
+            lease.release()
+        return
+    close = response.close
+
+    def closing() -> None:
+        try:
+            close()
+        finally:
+            lease.release()
+
+    response.close = closing  # type: ignore[method-assign]
