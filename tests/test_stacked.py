@@ -728,3 +728,23 @@ def test_a_hot_token_leaves_its_account_room_for_the_others(
     assert verdict.unexcused_429s == 0, verdict
     assert verdict.used >= 0.95 * verdict.possible, verdict
     assert verdict.hot >= 0.9 * 8 * 3, verdict  # and A keeps its own share
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "cluster"])
+def test_a_shared_key_with_too_many_bookings_ahead_books_after_its_newest(
+    request: pytest.FixtureRequest, redis_stores: dict[str, RedisBackend], kind: str
+) -> None:
+    """A fill reads at most 256 bookings (a bound on a decision's work): past that, a call
+    takes the slot after the shared key's newest call, on every store alike; at 256 it is
+    filled in at once."""
+    token = Quota(limits=((1, 10 * MS),), min_interval_us=0)
+    account = Quota(limits=((1000, 1000 * MS),), min_interval_us=0)
+    now = 1_000_000 * MS
+    for ahead, expected in [(256, now), (257, now + 2560 * MS)]:  # (the newest: 2.56 s on)
+        with a_store(kind, request, redis_stores) as (store, names):
+            busy = (Charge(names["token-a"], token, 1), Charge(names["account"], account, 1))
+            for _ in range(ahead):  # the busy token's calls, 10 ms apart, in the account
+                store.execute(AcquireAll(busy, -1, call_id(), now_us=now))
+            other = (Charge(names["token-b"], token, 1), Charge(names["account"], account, 1))
+            verdict = store.execute(AcquireAll(other, -1, call_id(), now_us=now))
+            assert verdict.slot_us == expected, (ahead, verdict.slot_us - now)

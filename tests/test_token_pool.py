@@ -497,3 +497,12 @@ def test_a_routes_pool_must_be_for_the_routes_host() -> None:
     with pytest.raises(ConfigurationError, match="give both the same host"):
         Route(limiter, host="api.example.com", pool=TokenPool(TOKENS, host="api.other.com"))
     assert repr(TokenPool(["tok-a"], host=HOST)) == "TokenPool(1 token, host='api.example.com')"
+
+
+def test_a_pool_charged_to_one_of_its_own_keys_again_is_refused_before_anything_is_sent() -> None:
+    limiter = Limiter(MemoryBackend(), rates=["3/second"], namespace="n")
+    other = Limiter(limiter.backend, rates=["1/second"], namespace="m")
+    for also in ([(limiter, "tok-b")], [(other, "acct"), (other, "acct")]):
+        with pytest.raises(ConfigurationError, match="charged to one key twice"):
+            limiter.try_acquire_any(["tok-a", "tok-b"], also=also)
+    assert limiter.usage("tok-b").rates[0].used == 0 and other.usage("acct").rates[0].used == 0

@@ -48,25 +48,48 @@ def reach(quota: Quota) -> int:
     return max(p for _, p in quota.limits if isinstance(p, int))
 
 
-def fill_slot(log: LogView, quota: Quota, floor: int, cost: int, latest: int) -> int:
-    """The earliest slot from ``floor`` on (``latest`` at most: the slot after the key's
-    newest call, which always fits) at which ``cost`` fits among the key's bookings."""
+class Fills:
+    """The spans in which a call does not fit, per key, for the fills of one decision:
+    each key's bookings are read and swept once. Spans read from a floor on stay true
+    from any later floor on (the bookings before a floor's reach bear on no window that
+    ends after it), so the rounds of ``common_slot`` and the keys of a pool share them."""
+
+    def __init__(self) -> None:
+        # id of the log -> (the floor they were read from, the cost, the spans in
+        # order, or None: too many bookings to fill among)
+        self._read: dict[int, tuple[int, int, list[tuple[int, int]] | None]] = {}
+
+    def slot(self, log: LogView, quota: Quota, floor: int, cost: int, latest: int) -> int:
+        """The earliest slot from ``floor`` on (``latest`` at most: the slot after the
+        key's newest call, which always fits) at which ``cost`` fits among its bookings."""
+        read = self._read.get(id(log))
+        if read is None or read[0] > floor or read[1] != cost:
+            read = (floor, cost, spans_from(log, quota, floor, cost))
+            self._read[id(log)] = read
+        spans = read[2]
+        if spans is None:
+            return latest
+        slot = floor
+        for start, end in spans:  # the first moment no span covers
+            if start > slot:
+                break
+            slot = max(slot, end)
+        return min(slot, latest)
+
+
+def spans_from(log: LogView, quota: Quota, floor: int, cost: int) -> list[tuple[int, int]] | None:
+    """The spans, in order, in which ``cost`` does not fit among the key's bookings, from
+    ``floor`` on; None when more than FILL_MOST bookings bear on them."""
     since = floor - reach(quota)
     entries = log.entries_after(since, FILL_MOST + 1)
     if len(entries) > FILL_MOST:
-        return latest
+        return None
     before = log.cum_through(since)
     booked = []  # (slot, cost) in slot order
     for slot, cum in entries:
         booked.append((slot, cum - before))
         before = cum
-    blocked = blocked_spans(booked, quota, cost)
-    slot = floor
-    for start, end in sorted(blocked):  # the first moment no span covers
-        if start > slot:
-            break
-        slot = max(slot, end)
-    return min(slot, latest)
+    return sorted(blocked_spans(booked, quota, cost))
 
 
 def blocked_spans(booked: list[tuple[int, int]], quota: Quota, cost: int) -> list[tuple[int, int]]:

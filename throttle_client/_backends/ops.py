@@ -114,6 +114,13 @@ class AcquireAny(Acquire):
             raise ConfigurationError(
                 f"a pool holds one key twice (store keys {list(keys)}): give each token once"
             )
+        every = self.all_keys
+        twice = [key for index, key in enumerate(every) if key in every[:index]]
+        if twice:
+            raise ConfigurationError(
+                f"a pool's call is charged to one key twice (store key {twice[0]}): also= "
+                "must name keys other than the pool's, each once"
+            )
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from .calendar_windows import (
     since_keep_from,
 )
 from .coarse import Counts, coarse_of, coarse_rates, counted_before, counts
-from .filling import fill_slot, fillable
+from .filling import Fills, fillable
 from .log_view import LogView
 from .ops import Acquire, AcquireAll, AcquireAny, Charge, Inspect, Learn, Op, Pause, Reset
 from .quota import Buckets, Period, Quota, Windows
@@ -237,7 +237,9 @@ def acquire_all(logs: Sequence[LogView], op: AcquireAll, now: int) -> Verdict:
     return told(verdict, logs, lost)
 
 
-def common_slot(pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int) -> int:
+def common_slot(
+    pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int, fills: Fills | None = None
+) -> int:
     """The earliest slot that suits every key of a stacked call (Stale: windows missing).
 
     Past a log's newest slot a window only loses entries as time goes on, so from its
@@ -246,8 +248,10 @@ def common_slot(pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int) ->
     suits it at some moments and not at others. So: from the latest of the keys' earliest
     slots (a shared key's counted only when it cannot be filled), each shared key's first
     slot that suits it from there, and every key's calendar windows (which may move it
-    on), round again until the slot stays.
+    on), round again until the slot stays. (``fills``: what the fills of this decision
+    read already.)
     """
+    fills = Fills() if fills is None else fills
     latest = [earliest_slot(log, c.quota, now, c.cost) for log, c in pairs]
     slot = max(now + lead, latest[0])
     for (log, c), late in zip(pairs[1:], latest[1:], strict=True):
@@ -257,7 +261,7 @@ def common_slot(pairs: Sequence[tuple[LogView, Charge]], now: int, lead: int) ->
         later = slot
         for index, ((log, c), late) in enumerate(zip(pairs, latest, strict=True)):
             if index and later < late and fillable(log, c.quota, later):
-                later = fill_slot(log, c.quota, max(later, log.pause_until), c.cost, late)
+                later = fills.slot(log, c.quota, max(later, log.pause_until), c.cost, late)
             elif index:
                 later = max(later, late)
             later = calendar_slot(log, c.quota, later, c.cost)
@@ -282,14 +286,14 @@ def choose(
         for index, log in enumerate(logs):
             if log.slot_of(op.call_id) is not None:
                 return index
-    best, best_rank, horizon = 0, (-1, -1), op.quota.horizon_us
+    best, best_rank, horizon, fills = 0, (-1, -1), op.quota.horizon_us, Fills()
     lives = [(op.expect, op.seen), *((other.expect, other.seen) for other in op.others)]
     for index, (log, (expect, seen)) in enumerate(zip(logs, lives, strict=True)):
         try:
             if partners:
                 own = Charge(op.key, op.quota, op.cost)
                 pairs = [(log, own), *zip(partners, op.partners, strict=True)]
-                slot = common_slot(pairs, now, op.lead_us)
+                slot = common_slot(pairs, now, op.lead_us, fills)
             else:
                 slot = max(earliest_slot(log, op.quota, now, op.cost), now + op.lead_us)
         except Stale:

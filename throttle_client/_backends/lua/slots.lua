@@ -166,52 +166,66 @@ local function fillable(k, floor)
     and floor - q.reach >= k.trimmed
 end
 
-local function fill_slot(k, floor, cost, latest)
+-- The spans [start, end) in which `cost` does not fit among the key's bookings from
+-- `floor` on, in order by start (filling.spans_from), or nil when more than FILL_MOST
+-- bookings bear on them: too near a booking for the gap, or in a window that would go
+-- over. Each rate's events (a booking entering the windows, and leaving them a period
+-- later) come from two lists in slot order, merged (a leave first at the same moment).
+local function spans_from(k, floor, cost)
   local q = k.q
   local since = floor - q.reach
   local page = redis.call('ZRANGEBYSCORE', k.log, format('(%d', since), '+inf', 'WITHSCORES',
     'LIMIT', 0, FILL_MOST + 1)
-  if #page > 2 * FILL_MOST then return latest end
-  local before, slots, units = cum_through(k, since), {}, {}
+  if #page > 2 * FILL_MOST then return nil end
+  local before, slots, units, n = cum_through(k, since), {}, {}, 0
   for i = 1, #page, 2 do
     local cum = total_of(page[i])
-    slots[#slots + 1], units[#units + 1] = tonumber(page[i + 1]), cum - before
+    n = n + 1
+    slots[n], units[n] = tonumber(page[i + 1]), cum - before
     before = cum
   end
-  -- The spans [start, end) in which the call does not fit: too near a booking for the
-  -- gap, or in a window that would go over (filling.blocked_spans).
-  local starts, ends = {}, {}
+  local spans = {}
   if q.gap > 0 then
-    for j = 1, #slots do
-      starts[#starts + 1], ends[#ends + 1] = slots[j] - q.gap + 1, slots[j] + q.gap
-    end
+    for j = 1, n do spans[#spans + 1] = {slots[j] - q.gap + 1, slots[j] + q.gap} end
   end
-  for i = 1, q.nrates do
-    local period, room = q.periods[i], q.limits[i] - cost
-    local events = {}
-    for j = 1, #slots do
-      events[#events + 1] = {slots[j], units[j]}
-      events[#events + 1] = {slots[j] + period, -units[j]}
-    end
-    table.sort(events, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
-    local held, over_from = 0, nil
-    for j = 1, #events do
-      held = held + events[j][2]
+  for r = 1, q.nrates do
+    local period, room = q.periods[r], q.limits[r] - cost
+    local held, over_from, a, b = 0, nil, 1, 1
+    while b <= n do
+      local at
+      if a <= n and slots[a] < slots[b] + period then -- a booking enters its windows
+        at, held, a = slots[a], held + units[a], a + 1
+      else -- one leaves them
+        at, held, b = slots[b] + period, held - units[b], b + 1
+      end
       if not over_from and held > room then
-        over_from = events[j][1]
+        over_from = at
       elseif over_from and held <= room then
-        starts[#starts + 1], ends[#ends + 1] = over_from - period + 1, events[j][1]
+        spans[#spans + 1] = {over_from - period + 1, at}
         over_from = nil
       end
     end
   end
-  local order = {}
-  for j = 1, #starts do order[j] = j end
-  table.sort(order, function(a, b) return starts[a] < starts[b] end)
+  table.sort(spans, function(x, y) return x[1] < y[1] end)
+  return spans
+end
+
+-- The earliest slot from `floor` on (`latest` at most) at which `cost` fits among the
+-- key's bookings (filling.Fills.slot). The spans are read once per script call and key
+-- (k.fill), for the rounds of common_slot and the keys of a pool: they stay true from any
+-- later floor on, until the key books again (its total moves) or begins again.
+local function fill_slot(k, floor, cost, latest)
+  local f = k.fill
+  if not f or f.floor > floor or f.cost ~= cost or f.total ~= k.total or f.born ~= k.born then
+    f = {floor = floor, cost = cost, total = k.total, born = k.born,
+         spans = spans_from(k, floor, cost)}
+    k.fill = f
+  end
+  if not f.spans then return latest end
   local slot = floor
-  for _, j in ipairs(order) do -- the first moment no span covers
-    if starts[j] > slot then break end
-    if ends[j] > slot then slot = ends[j] end
+  for _, span in ipairs(f.spans) do -- the first moment no span covers
+    if span[1] > slot then break end
+    if span[2] > slot then slot = span[2] end
   end
   return math.min(slot, latest)
 end
