@@ -55,6 +55,11 @@ EXPECTED = {
         "refused by the API (429): 0",
         "OK: the pool used its tokens' quota as one",
     ],
+    "aiohttp_crawl.py": [
+        "12 tasks, 3 tokens of 5/s (>= 0.1s apart)",
+        "429s sent by the API: 3, passed to callers: 0",
+        "OK: every token paused once, no 429 reached a caller",
+    ],
     "requests_crawl.py": [
         "6 threads, 3 tokens of 5/s (>= 0.1s apart)",
         "429s sent by the API: 3, passed to callers: 0",

@@ -14,7 +14,7 @@ requests' own objects. ``ThrottledSession`` is a ``requests.Session`` with it mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +22,7 @@ import httpx
 import requests
 from requests.adapters import HTTPAdapter
 
+from ._adapting import changes, original_of, request_view, response_view
 from ._events import Listener
 from ._flow import refuse_in_event_loop, run
 from ._lease import Lease
@@ -31,9 +32,6 @@ from ._request_key import request_key
 from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route, TokenPool
 
 __all__ = ["ThrottledAdapter", "ThrottledSession"]
-
-# Where the view of a response the flow reads keeps requests' own response.
-_ORIGINAL = "throttle_client.requests_response"
 
 
 class ThrottledAdapter(HTTPAdapter):
@@ -47,7 +45,7 @@ class ThrottledAdapter(HTTPAdapter):
 
     The functions it is given (``key``, ``cost``, the key functions of ``also``, ``pauses``)
     see the request and the response as httpx objects with the same method, URL, headers
-    and status (``response.extensions["throttle_client.requests_response"]`` is requests'
+    and status (``response.extensions["throttle_client.original_response"]`` is requests'
     own). With ``max_concurrent`` a request holds its lease until its body is read, or,
     with ``stream=True``, until its response is closed (``with session.get(...,
     stream=True) as response:``). Other keyword arguments go to ``HTTPAdapter``
@@ -98,15 +96,17 @@ class ThrottledAdapter(HTTPAdapter):
                     if step.lease is not None:
                         step.lease.release()
                     raise
-                return _response_view(response, step.request), limiter._local(), limiter._wall()
+                seen = response_view(
+                    response.status_code, response.headers.items(), step.request, response
+                )
+                return seen, limiter._local(), limiter._wall()
             if isinstance(step, Discard):
-                original: requests.Response = step.response.extensions[_ORIGINAL]
-                original.close()  # (a retry: this one's body is not wanted)
+                original_of(step.response).close()  # (a retry: this one's body is not wanted)
                 return limiter._local()
             return limiter._perform(step)
 
         answer = run(self._core.flow(plan, view, limiter._local()), perform)
-        final: requests.Response = answer.extensions[_ORIGINAL]
+        final: requests.Response = original_of(answer)
         return final
 
     def listen(self, listener: Listener) -> Callable[[], None]:
@@ -132,11 +132,8 @@ class ThrottledSession(requests.Session):
 
 def _request_view(request: requests.PreparedRequest) -> httpx.Request:
     """What the flow reads of a request: its method, URL and headers (not its body)."""
-    return httpx.Request(request.method or "GET", request.url or "", headers=_headers(request))
-
-
-def _headers(request: requests.PreparedRequest) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in request.headers.items() if isinstance(value, str)]
+    headers = [(name, value) for name, value in request.headers.items() if isinstance(value, str)]
+    return request_view(request.method or "GET", request.url or "", headers)
 
 
 def _with_changes(
@@ -146,27 +143,13 @@ def _with_changes(
     or a query parameter), on a copy, so a redirect requests builds from the original
     never carries the token elsewhere."""
     sent = request.copy()
-    before: Mapping[str, str] = view.headers
-    for name, value in outgoing.headers.items():
-        if before.get(name) != value:
-            sent.headers[name] = value
-    for name in before:
-        if name not in outgoing.headers:
-            sent.headers.pop(name, None)
-    if outgoing.url != view.url:
-        sent.url = str(outgoing.url)
+    changed, removed, url = changes(view, outgoing)
+    sent.headers.update(changed)
+    for name in removed:
+        sent.headers.pop(name, None)
+    if url is not None:
+        sent.url = url
     return sent
-
-
-def _response_view(response: requests.Response, request: httpx.Request) -> httpx.Response:
-    """What the flow reads of a response: its status and headers (requests' own rides in
-    its extensions, body and all)."""
-    return httpx.Response(
-        response.status_code,
-        headers=list(response.headers.items()),
-        request=request,
-        extensions={_ORIGINAL: response},
-    )
 
 
 def _hold_until_read(response: requests.Response, lease: Lease, streamed: bool) -> None:

@@ -1,0 +1,136 @@
+"""throttle_client.aiohttp: the httpx transports' course, as an aiohttp client middleware.
+
+The upstream is a real aiohttp server on a free loopback port whose answers are a
+function of the request; the limiter runs on a fake clock, so waits are read off the
+clock, not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
+
+from throttle_client import AsyncLimiter, MemoryBackend, TokenPool
+from throttle_client.aiohttp import ThrottledMiddleware
+from throttle_client.testing import FakeClock
+
+Answer = tuple[int, dict[str, str]]
+
+
+def crawl(
+    clock: FakeClock,
+    middleware: ThrottledMiddleware,
+    requests: Callable[[ClientSession, str], Awaitable[None]],
+    answer: Callable[[web.Request], Answer] | None = None,
+) -> list[tuple[str, float]]:
+    """Run ``requests`` through a session with ``middleware`` against the local upstream;
+    what the upstream saw: each request's Authorization and the clock's time."""
+    seen: list[tuple[str, float]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((request.headers.get("Authorization", ""), clock()))
+        status, headers = answer(request) if answer else (200, {})
+        return web.json_response({"ok": status == 200}, status=status, headers=headers)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        async with TestServer(app, host="127.0.0.1") as server:
+            base = str(server.make_url("/"))
+            async with ClientSession(middlewares=[middleware]) as session:
+                await requests(session, base)
+
+    asyncio.run(main())
+    return seen
+
+
+def a_limiter(clock: FakeClock, **options: Any) -> AsyncLimiter:
+    options.setdefault("rates", ["2/second"])
+    return AsyncLimiter(MemoryBackend(), clock=clock, sleep=clock.asleep, margin=0, **options)
+
+
+def test_each_request_waits_for_its_tokens_slot() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    used: list[int] = []
+
+    async def requests(session: ClientSession, base: str) -> None:
+        for token in ["t-1", "t-1", "t-2"]:
+            async with session.get(
+                f"{base}items", headers={"Authorization": f"Bearer {token}"}
+            ) as r:
+                assert (await r.json()) == {"ok": True}
+        used.extend([(await limiter.usage(t)).rates[0].used for t in ["t-1", "t-2", "t-3"]])
+        async with session.get(f"{base}items", headers={"Authorization": "Bearer t-1"}):
+            pass
+
+    start = clock()
+    seen = crawl(clock, ThrottledMiddleware(limiter), requests)
+    assert used == [2, 1, 0]  # each request keyed by its token
+    assert [round(at - start, 3) for _, at in seen] == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_a_429_pauses_the_key_and_is_retried_through_the_limiter() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    answers = iter([(429, {"Retry-After": "3"}), (200, {})])
+    statuses: list[int] = []
+
+    async def requests(session: ClientSession, base: str) -> None:
+        async with session.get(f"{base}items", headers={"Authorization": "Bearer t-1"}) as r:
+            statuses.append(r.status)
+        paused = (await limiter.usage("t-1")).paused_for
+        statuses.append(round(paused))
+
+    start = clock()
+    seen = crawl(clock, ThrottledMiddleware(limiter), requests, lambda request: next(answers))
+    assert [round(at - start, 3) for _, at in seen] == [0.0, 3.0]  # the pause, kept
+    assert statuses == [200, 0]  # the caller got the answer after it
+
+
+def test_a_pool_sets_its_token_per_attempt_and_an_account_is_charged_too() -> None:
+    clock = FakeClock()
+    tokens = a_limiter(clock)
+    account = AsyncLimiter(
+        tokens.backend,
+        rates=["3/second"],
+        namespace="acct",
+        clock=clock,
+        sleep=clock.asleep,
+        margin=0,
+    )
+    pool = TokenPool(["tok-a", "tok-b"], host="127.0.0.1")
+    middleware = ThrottledMiddleware(tokens, pool=pool, also=[(account, lambda r: "acct")])
+
+    async def requests(session: ClientSession, base: str) -> None:
+        for _ in range(4):
+            async with session.get(f"{base}items"):
+                pass
+
+    start = clock()
+    seen = crawl(clock, middleware, requests)
+    assert [token for token, _ in seen] == [
+        "Bearer tok-a",
+        "Bearer tok-b",
+        "Bearer tok-a",
+        "Bearer tok-a",
+    ]
+    assert [round(at - start, 3) for _, at in seen] == [0.0, 0.0, 0.0, 1.0]  # the account's
+
+
+def test_a_capped_request_reads_its_body_and_ends_its_lease() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock, rates=["100/second"], max_concurrent=1)
+    in_flight: list[int | None] = []
+
+    async def requests(session: ClientSession, base: str) -> None:
+        async with session.get(f"{base}items", headers={"Authorization": "Bearer t-1"}) as r:
+            in_flight.append((await limiter.usage("t-1")).in_flight)
+            assert (await r.json()) == {"ok": True}
+
+    crawl(clock, ThrottledMiddleware(limiter), requests)
+    assert in_flight == [0]
