@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import pytest
@@ -219,3 +220,109 @@ def test_bad_options_fail_at_decoration_naming_the_value(limiter, options, error
 
         @throttled(limiter, **options)
         def fetch(token: str) -> None: ...
+
+
+# -- feedback= : the upstream's answer in what a call returned or raised ------------------
+
+
+class _Answer:
+    """What a fetch function returns: the upstream's status and headers."""
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
+        self.status_code, self.headers = status, headers or {}
+
+
+class _Refused(Exception):
+    def __init__(self, answer: _Answer) -> None:
+        super().__init__(f"HTTP {answer.status_code}")
+        self.response = answer
+
+
+def _read(outcome: object) -> tuple[int, dict[str, str]] | None:
+    answer = outcome.response if isinstance(outcome, _Refused) else outcome
+    return (answer.status_code, answer.headers) if isinstance(answer, _Answer) else None
+
+
+def test_feedback_pauses_the_key_for_every_worker_and_learns_the_quota(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    limiter = Limiter(
+        MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep, margin=0
+    )
+    answers = iter(
+        [
+            _Answer(429, {"Retry-After": "3"}),  # the key paused 3 s
+            _Refused(_Answer(503, {"Retry-After": "2"})),  # raised: 2 s more
+            _Answer(
+                200,
+                {
+                    "X-RateLimit-Limit": "1",
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset": str(int(clock() + 60)),
+                },
+            ),
+            _Answer(200),
+        ]
+    )
+    called: list[float] = []
+    start = clock()
+
+    @throttled(limiter, key="token", feedback=_read)
+    def fetch(token: str) -> _Answer:
+        called.append(round(clock() - start, 3))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert fetch("t").status_code == 429  # the caller still gets what the call returned
+    assert limiter.usage("t").paused_for == pytest.approx(3.0)
+    with pytest.raises(_Refused):
+        fetch("t")
+    fetch("t")
+    assert limiter.usage("t").learned is not None  # held to the upstream's 1 call
+    fetch("t")
+    assert called[:3] == [0.0, 3.0, 5.0] and called[3] >= 60.0
+    assert "pausing its key for 3.00s" in caplog.text and "t" not in caplog.text.split()
+
+
+def test_a_feedback_that_fails_reads_nothing_and_the_call_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+
+    @throttled(limiter, key="token", feedback=lambda result: 1 / 0)
+    def fetch(token: str) -> _Answer:
+        return _Answer(429, {"Retry-After": "30"})
+
+    assert fetch("t").status_code == 429
+    assert limiter.usage("t").paused_for == 0.0
+    assert "feedback= failed for" in caplog.text
+    with pytest.raises(TypeError, match="feedback must be a function"):
+        throttled(limiter, key="token", feedback="status")  # type: ignore[arg-type]
+
+
+def test_feedback_on_a_coroutine_function() -> None:
+    clock = FakeClock()
+    limiter = AsyncLimiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.asleep)
+    answers = iter([_Refused(_Answer(429, {"Retry-After": "4"})), _Answer(200)])
+    called: list[float] = []
+    start = clock()
+
+    @throttled(limiter, key="token", feedback=_read)
+    async def fetch(token: str) -> _Answer:
+        called.append(round(clock() - start, 3))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def main() -> None:
+        with pytest.raises(_Refused):
+            await fetch("t")
+        assert (await fetch("t")).status_code == 200
+
+    asyncio.run(main())
+    assert called[0] == 0.0 and called[1] >= 4.0

@@ -1,20 +1,35 @@
 """``@throttled``: a fetch function that waits for its slot before every call.
 
 ``_CallPlan`` (no I/O) works out a call's key and cost from its arguments; the two
-wrappers only acquire, in their world, and call.
+wrappers only acquire, in their world, call, and, told how (``feedback=``), read the
+upstream's answer from what the call returned or raised: a pause it asks for holds the
+key for every worker, and quota headers hold it to the upstream's limit, as a
+transport's response does.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
 from ._config import check_priority
 from ._errors import ConfigurationError
+from ._feedback import read_feedback
 from ._limiter import AsyncLimiter, Limiter
+from ._results import Decision
+from ._routes import RetryPolicy
+
+logger = logging.getLogger("throttle_client")
+
+# What a call's outcome (its result, or the exception it raised) says the upstream
+# answered: (status, headers), or None for nothing to read.
+Feedback = Callable[[Any], "tuple[int, Mapping[str, str]] | None"]
+_POLICY = RetryPolicy()  # (the transports' default pauses: at most 300 s, 1 s if unsaid)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -132,6 +147,7 @@ def throttled(
     timeout: float | timedelta | None = None,
     also: Sequence[tuple[Any, ...]] = (),
     priority: str = "normal",
+    feedback: Feedback | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make every call of the decorated function wait for its slot first; on a limiter
     with ``max_concurrent`` the call holds a lease while it runs (see ``Limiter.lease``).
@@ -144,6 +160,13 @@ def throttled(
     key given as ``key`` is (an argument name, or a callable over the call's arguments);
     a third item, given as ``cost`` is, charges that key another cost. ``priority``:
     ``"low"`` lets calls of the usual priority go first (see ``Limiter.acquire``).
+    ``feedback``: a function of what a call returned, or of the exception it raised,
+    that gives the upstream's answer as ``(status, headers)`` (None: nothing to read):
+    a 429 (or a 503 with Retry-After, or a spent quota) pauses the call's key for every
+    worker, and quota headers hold the key to the upstream's limit, as a throttled
+    transport does with a response; the call's own outcome is returned or raised as it
+    is. ``feedback=lambda r: (r.status_code, r.headers)`` for a function that returns a
+    response; one that fails is logged, and nothing is read.
     A plain function needs a :class:`Limiter`, a coroutine function (or an object
     whose ``__call__`` is one) an :class:`AsyncLimiter`. Name, docstring and signature
     are kept; methods work. Generator functions are refused: their body runs while
@@ -156,6 +179,8 @@ def throttled(
     ... async def profile(client: httpx.AsyncClient, user: User) -> dict: ...
     """
     check_priority(priority, "priority")  # (here, not at the first call)
+    if feedback is not None and not callable(feedback):
+        raise TypeError(f"feedback must be a function of a call's outcome, not {feedback!r}")
     if priority != "normal" and any(
         getattr(one, "max_concurrent", None) for one in [limiter, *(spec[0] for spec in also)]
     ):
@@ -189,15 +214,26 @@ def throttled(
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                key = plan.key_of(args, kwargs)
                 # A lease: on a capped limiter the call counts as in flight while it runs.
                 async with async_limiter.lease(
-                    plan.key_of(args, kwargs),
+                    key,
                     plan.cost_of(args, kwargs),
                     timeout=timeout,
                     also=plan.also_of(args, kwargs),
                     priority=priority,
-                ):
-                    return await func(*args, **kwargs)
+                ) as decision:
+                    try:
+                        result = await func(*args, **kwargs)
+                    except Exception as error:
+                        told = _heard(feedback, error, func)
+                        if told:
+                            await _aheed(async_limiter, key, decision, *told, func)
+                        raise
+                    told = _heard(feedback, result, func)
+                    if told:
+                        await _aheed(async_limiter, key, decision, *told, func)
+                    return result
 
             return cast(Callable[P, R], async_wrapper)
         if not isinstance(limiter, Limiter):
@@ -208,15 +244,94 @@ def throttled(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            key = plan.key_of(args, kwargs)
             with sync_limiter.lease(
-                plan.key_of(args, kwargs),
+                key,
                 plan.cost_of(args, kwargs),
                 timeout=timeout,
                 also=plan.also_of(args, kwargs),
                 priority=priority,
-            ):
-                return func(*args, **kwargs)
+            ) as decision:
+                try:
+                    result = func(*args, **kwargs)
+                except Exception as error:
+                    told = _heard(feedback, error, func)
+                    if told:
+                        _heed(sync_limiter, key, decision, *told, func)
+                    raise
+                told = _heard(feedback, result, func)
+                if told:
+                    _heed(sync_limiter, key, decision, *told, func)
+                return result
 
         return wrapper
 
     return decorate
+
+
+def _heard(
+    feedback: Feedback | None, outcome: Any, func: Callable[..., Any]
+) -> tuple[int, Mapping[str, str]] | None:
+    """The upstream's answer in a call's outcome, as ``feedback`` reads it; a feedback
+    that fails, or gives something else, is logged, and nothing is read (the call's own
+    outcome still goes to its caller)."""
+    if feedback is None:
+        return None
+    try:
+        told = feedback(outcome)
+        if told is None:
+            return None
+        status, headers = told
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"feedback= gave the status {status!r}, not an int")
+        return status, headers
+    except Exception:
+        logger.exception("feedback= failed for %s: its answer was not read", _name(func))
+        return None
+
+
+def _pause_of(status: int, headers: Mapping[str, str], func: Callable[..., Any]) -> float:
+    """How long the answer asks every worker to hold off (0: not at all), logged."""
+    read = read_feedback(
+        status, headers, now=time.time(), max_pause=_POLICY.max_pause, fallback=_POLICY.fallback(1)
+    )
+    pause = read.pause or 0.0
+    if pause > 0:
+        logger.warning(
+            "upstream refused %s (HTTP %d): pausing its key for %.2fs (%s)",
+            _name(func),
+            status,
+            pause,
+            read.reason,
+        )
+    return pause
+
+
+def _heed(
+    limiter: Limiter,
+    key: str,
+    decision: Decision,
+    status: int,
+    headers: Mapping[str, str],
+    func: Callable[..., Any],
+) -> None:
+    """What a transport does with a response: pause the key, learn the quota."""
+    pause = _pause_of(status, headers, func)
+    if pause > 0:
+        limiter.pause(key, pause)
+    limiter.learn(key, decision, headers)
+
+
+async def _aheed(
+    limiter: AsyncLimiter,
+    key: str,
+    decision: Decision,
+    status: int,
+    headers: Mapping[str, str],
+    func: Callable[..., Any],
+) -> None:
+    """:func:`_heed` in asyncio."""
+    pause = _pause_of(status, headers, func)
+    if pause > 0:
+        await limiter.pause(key, pause)
+    await limiter.learn(key, decision, headers)
