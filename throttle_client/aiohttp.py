@@ -119,6 +119,8 @@ def _as_sent(
 ) -> None:
     """``request`` as the flow sends this attempt: its own headers and URL, with what a
     token pool set on the view (each attempt may take another token)."""
+    if outgoing is view:  # (no pool: the request goes as it came)
+        return
     changed, removed, new_url = changes(view, outgoing)
     request.headers.clear()
     request.headers.extend(headers)

@@ -142,6 +142,8 @@ def _with_changes(
     """``request`` as the flow sends it: with what a token pool set on its view (a header,
     or a query parameter), on a copy, so a redirect requests builds from the original
     never carries the token elsewhere."""
+    if outgoing is view:  # (no pool: the request goes as it came)
+        return request
     sent = request.copy()
     changed, removed, url = changes(view, outgoing)
     sent.headers.update(changed)
