@@ -1,9 +1,12 @@
 """A decorated fetch function: ``@throttled`` waits for the token's slot before each call.
 
 The same function is called from many threads at once; the limiter queues the
-calls per token, first come first served. The coroutine version below does the
-same under asyncio with an AsyncLimiter. A MemoryBackend keeps the example to one
-process; give the Limiter a RedisBackend to share the limit across processes.
+calls per token, first come first served. ``feedback=`` tells the decorator where the
+API's answer is (here, in the error ``raise_for_status`` raises): a 429 with Retry-After
+would pause the token for every worker, as a throttled transport does. The coroutine
+version below does the same under asyncio with an AsyncLimiter. A MemoryBackend keeps
+the example to one process; give the Limiter a RedisBackend to share the limit across
+processes.
 
     python examples/decorated_fetch.py
 """
@@ -30,13 +33,20 @@ limiter = Limiter(MemoryBackend(), rates=RATES, min_interval=MIN_INTERVAL)
 async_limiter = AsyncLimiter(MemoryBackend(), rates=RATES, min_interval=MIN_INTERVAL)
 
 
+def refusal(outcome: object) -> tuple[int, httpx.Headers] | None:
+    """The API's answer in what a call raised: (status, headers); None for a result."""
+    if isinstance(outcome, httpx.HTTPStatusError):
+        return outcome.response.status_code, outcome.response.headers
+    return None
+
+
 def main() -> int:
     # tolerance: a call reaches the API a few ms after its slot, by a delay that
     # varies, so the API forgives arrivals up to 40 ms early against its windows.
     with StrictUpstream(rates=RATES, min_interval=MIN_INTERVAL, tolerance=0.04) as api:
         http = httpx.Client(base_url=api.url)
 
-        @throttled(limiter, key="token")
+        @throttled(limiter, key="token", feedback=refusal)
         def fetch(token: str, item: int) -> Any:
             """GET one item with ``token``."""
             response = http.get(f"/items/{item}", headers={"Authorization": f"Bearer {token}"})

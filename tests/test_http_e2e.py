@@ -153,7 +153,11 @@ def test_eight_processes_share_the_quota_with_no_429_and_use_it_all(redis_url, c
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_429_storm_holds_every_worker_for_the_retry_after(redis_url, client):
     with StrictUpstream(
-        rates=[RATE], min_interval=GAP, tolerance=TOLERANCE, storm_retry_after=2
+        rates=[RATE],
+        min_interval=GAP,
+        tolerance=TOLERANCE,
+        storm_retry_after=2,
+        send_headers=True,  # (X-RateLimit-*: what the clients learn from)
     ) as upstream:
         statuses = run_workers(client, redis_url, upstream, ["storm-token"], calls=2)
         admitted = upstream.arrivals("storm-token")
