@@ -26,6 +26,7 @@ def crawl(
     middleware: ThrottledMiddleware,
     requests: Callable[[ClientSession, str], Awaitable[None]],
     answer: Callable[[web.Request], Answer] | None = None,
+    body: bytes | None = None,
 ) -> list[tuple[str, float]]:
     """Run ``requests`` through a session with ``middleware`` against the local upstream;
     what the upstream saw: each request's Authorization and the clock's time."""
@@ -34,6 +35,8 @@ def crawl(
     async def handle(request: web.Request) -> web.Response:
         seen.append((request.headers.get("Authorization", ""), clock()))
         status, headers = answer(request) if answer else (200, {})
+        if body is not None:  # (more than arrives at once: the client reads it in parts)
+            return web.Response(body=body, status=status, headers=headers)
         return web.json_response({"ok": status == 200}, status=status, headers=headers)
 
     async def main() -> None:
@@ -122,15 +125,25 @@ def test_a_pool_sets_its_token_per_attempt_and_an_account_is_charged_too() -> No
     assert [round(at - start, 3) for _, at in seen] == [0.0, 0.0, 0.0, 1.0]  # the account's
 
 
-def test_a_capped_request_reads_its_body_and_ends_its_lease() -> None:
+def test_a_capped_request_holds_its_lease_until_its_body_is_read_or_it_is_released() -> None:
     clock = FakeClock()
-    limiter = a_limiter(clock, rates=["100/second"], max_concurrent=1)
+    limiter = a_limiter(clock, rates=["100/second"], max_concurrent=2)
     in_flight: list[int | None] = []
 
-    async def requests(session: ClientSession, base: str) -> None:
-        async with session.get(f"{base}items", headers={"Authorization": "Bearer t-1"}) as r:
-            in_flight.append((await limiter.usage("t-1")).in_flight)
-            assert (await r.json()) == {"ok": True}
+    async def count() -> None:
+        await asyncio.sleep(0)  # (the lease ends in a task of its own)
+        await asyncio.sleep(0)
+        in_flight.append((await limiter.usage("t-1")).in_flight)
 
-    crawl(clock, ThrottledMiddleware(limiter), requests)
-    assert in_flight == [0]
+    async def requests(session: ClientSession, base: str) -> None:
+        headers = {"Authorization": "Bearer t-1"}
+        async with session.get(f"{base}items", headers=headers) as read:
+            await count()  # in flight: its body is not read
+            assert len(await read.read()) == 8_000_000
+            await count()  # read through: ended
+        async with session.get(f"{base}items", headers=headers):
+            await count()
+        await count()  # released unread, as the block ends: ended
+
+    crawl(clock, ThrottledMiddleware(limiter), requests, body=b"x" * 8_000_000)
+    assert in_flight == [1, 0, 1, 0]

@@ -16,6 +16,8 @@ request and each response as httpx objects, and aiohttp's own are sent and retur
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -35,6 +37,11 @@ from ._routes import AlsoSpec, CostFunc, KeyFunc, PausesFunc, RetryPolicy, Route
 
 __all__ = ["ThrottledMiddleware"]
 
+logger = logging.getLogger("throttle_client")
+
+# The ends of capped requests' leases under way: each task is kept until it is done.
+_ENDING: set[asyncio.Task[None]] = set()
+
 
 class ThrottledMiddleware:
     """An aiohttp client middleware (aiohttp 3.12 or later) that waits for the limiter
@@ -48,8 +55,9 @@ class ThrottledMiddleware:
     ``pauses``) see the request and the response as httpx objects with the same method,
     URL, headers and status (``response.extensions["throttle_client.original_response"]``
     is aiohttp's own). A pool's token is set on the request for the attempt that takes it.
-    With ``max_concurrent`` a request's body is read into memory before it returns, and
-    its lease ends then.
+    With ``max_concurrent`` a request holds its lease until its body has been read
+    through, or its response is released or closed (``async with`` ends), whichever
+    comes first.
     """
 
     def __init__(
@@ -86,11 +94,12 @@ class ThrottledMiddleware:
                 _as_sent(request, headers, url, view, step.request)
                 try:
                     response = await handler(request)
-                    if step.lease is not None:
-                        await response.read()  # (in memory: nothing is left in flight)
-                finally:
+                except BaseException:
                     if step.lease is not None:
                         await step.lease.release()
+                    raise
+                if step.lease is not None:
+                    _hold_until_done(response, step.lease)
                 seen = response_view(
                     response.status, response.headers.items(), step.request, response
                 )
@@ -129,3 +138,36 @@ def _as_sent(
     for name in removed:
         request.headers.popall(name, None)
     request.url = url if new_url is None else type(url)(new_url)
+
+
+def _hold_until_done(response: ClientResponse, lease: AsyncLease) -> None:
+    """A capped request's lease ends when its body has been read through, or when its
+    response is released or closed, whichever comes first (aiohttp calls neither
+    asynchronously: the end is a task of its own)."""
+    loop, ended = asyncio.get_running_loop(), [False]
+
+    def end() -> None:
+        if not ended[0]:
+            ended[0] = True
+            task = loop.create_task(_end(lease))
+            _ENDING.add(task)
+            task.add_done_callback(_ENDING.discard)
+
+    for name in ("release", "close"):
+        original = getattr(response, name)
+
+        def ending(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                end()
+
+        setattr(response, name, ending)
+    response.content.on_eof(end)
+
+
+async def _end(lease: AsyncLease) -> None:
+    try:
+        await lease.release()
+    except Exception:  # (the store is out of reach: the lease ends with its TTL)
+        logger.exception("a capped request's lease could not be ended now")
