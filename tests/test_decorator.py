@@ -326,3 +326,74 @@ def test_feedback_on_a_coroutine_function() -> None:
 
     asyncio.run(main())
     assert called[0] == 0.0 and called[1] >= 4.0
+
+
+def test_feedback_reads_any_mapping_of_headers() -> None:
+    """A client's own headers need not be a dict of str: urllib's Message, int or
+    bytes values are read as a transport reads a response's."""
+    from email.message import Message
+
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    message = Message()
+    message["Retry-After"] = "3"
+    answers = iter([(429, message), (429, {"Retry-After": 5}), (429, {b"Retry-After": b"7"})])
+
+    @throttled(limiter, key="token", feedback=lambda result: result)
+    def fetch(token: str) -> object:
+        return next(answers)
+
+    for pause in (3.0, 5.0, 7.0):
+        fetch("t")
+        assert limiter.usage("t").paused_for == pytest.approx(pause)
+
+
+def test_feedback_that_is_no_mapping_is_logged_and_the_result_returned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limiter = Limiter(MemoryBackend(), rates=["10/second"])
+
+    @throttled(limiter, key="token", feedback=lambda result: (429, ["Retry-After: 3"]))
+    def fetch(token: str) -> str:
+        return "the page"
+
+    assert fetch("t") == "the page"
+    assert limiter.usage("t").paused_for == 0.0
+    assert "feedback= failed for" in caplog.text
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_store_out_of_reach_after_the_call_does_not_replace_its_outcome(
+    asynchronous: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The call has run: its result (or its exception) goes to its caller even when
+    the pause it asks for cannot reach the store."""
+    from typing import Any
+
+    from throttle_client import BackendUnavailable
+    from throttle_client._backends.ops import Pause
+
+    class LostAfterAdmitting(MemoryBackend):
+        def execute(self, op: Any) -> Any:
+            if isinstance(op, Pause):
+                raise BackendUnavailable("the store went away")
+            return super().execute(op)
+
+    answer = _Answer(429, {"Retry-After": "3"})
+    if asynchronous:
+        limiter: Any = AsyncLimiter(LostAfterAdmitting(), rates=["10/second"], retry_for=0)
+
+        @throttled(limiter, key="token", feedback=_read)
+        async def afetch(token: str) -> _Answer:
+            return answer
+
+        assert asyncio.run(afetch("t")) is answer
+    else:
+        limiter = Limiter(LostAfterAdmitting(), rates=["10/second"], retry_for=0)
+
+        @throttled(limiter, key="token", feedback=_read)
+        def fetch(token: str) -> _Answer:
+            return answer
+
+        assert fetch("t") is answer
+    assert "could not be shared" in caplog.text

@@ -12,14 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
+import httpx
+
 from ._config import check_priority
+from ._core import LimiterCore
 from ._errors import ConfigurationError
 from ._feedback import read_feedback
+from ._flow import Flow, arun, run
+from ._key_flows import pause_flow
+from ._learning import learn_flow
 from ._limiter import AsyncLimiter, Limiter
 from ._results import Decision
 from ._routes import RetryPolicy
@@ -28,7 +33,7 @@ logger = logging.getLogger("throttle_client")
 
 # What a call's outcome (its result, or the exception it raised) says the upstream
 # answered: (status, headers), or None for nothing to read.
-Feedback = Callable[[Any], "tuple[int, Mapping[str, str]] | None"]
+Feedback = Callable[[Any], "tuple[int, Mapping[str, Any]] | None"]
 _POLICY = RetryPolicy()  # (the transports' default pauses: at most 300 s, 1 s if unsaid)
 
 P = ParamSpec("P")
@@ -227,12 +232,10 @@ def throttled(
                         result = await func(*args, **kwargs)
                     except Exception as error:
                         told = _heard(feedback, error, func)
-                        if told:
-                            await _aheed(async_limiter, key, decision, *told, func)
+                        await _aheeded(async_limiter, key, decision, told, func)
                         raise
                     told = _heard(feedback, result, func)
-                    if told:
-                        await _aheed(async_limiter, key, decision, *told, func)
+                    await _aheeded(async_limiter, key, decision, told, func)
                     return result
 
             return cast(Callable[P, R], async_wrapper)
@@ -255,13 +258,9 @@ def throttled(
                 try:
                     result = func(*args, **kwargs)
                 except Exception as error:
-                    told = _heard(feedback, error, func)
-                    if told:
-                        _heed(sync_limiter, key, decision, *told, func)
+                    _heeded(sync_limiter, key, decision, _heard(feedback, error, func), func)
                     raise
-                told = _heard(feedback, result, func)
-                if told:
-                    _heed(sync_limiter, key, decision, *told, func)
+                _heeded(sync_limiter, key, decision, _heard(feedback, result, func), func)
                 return result
 
         return wrapper
@@ -271,7 +270,7 @@ def throttled(
 
 def _heard(
     feedback: Feedback | None, outcome: Any, func: Callable[..., Any]
-) -> tuple[int, Mapping[str, str]] | None:
+) -> tuple[int, httpx.Headers] | None:
     """The upstream's answer in a call's outcome, as ``feedback`` reads it; a feedback
     that fails, or gives something else, is logged, and nothing is read (the call's own
     outcome still goes to its caller)."""
@@ -284,54 +283,77 @@ def _heard(
         status, headers = told
         if isinstance(status, bool) or not isinstance(status, int):
             raise TypeError(f"feedback= gave the status {status!r}, not an int")
-        return status, headers
+        # (Any mapping of names to values: a client's own headers, urllib's Message,
+        # ints or bytes as values.)
+        return status, httpx.Headers([(_text(k), _text(v)) for k, v in headers.items()])
     except Exception:
         logger.exception("feedback= failed for %s: its answer was not read", _name(func))
         return None
 
 
-def _pause_of(status: int, headers: Mapping[str, str], func: Callable[..., Any]) -> float:
-    """How long the answer asks every worker to hold off (0: not at all), logged."""
-    read = read_feedback(
-        status, headers, now=time.time(), max_pause=_POLICY.max_pause, fallback=_POLICY.fallback(1)
-    )
-    pause = read.pause or 0.0
-    if pause > 0:
-        logger.warning(
-            "upstream refused %s (HTTP %d): pausing its key for %.2fs (%s)",
-            _name(func),
-            status,
-            pause,
-            read.reason,
-        )
-    return pause
+def _text(value: object) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
 
 def _heed(
+    limiter: LimiterCore, key: str, decision: Decision, told: tuple[int, httpx.Headers], name: str
+) -> Flow[None]:
+    """What a transport does with a response: learn the quota, pause the key."""
+    status, headers = told
+    read = read_feedback(
+        status,
+        headers,
+        now=limiter._wall(),
+        max_pause=_POLICY.max_pause,
+        fallback=_POLICY.fallback(1),
+        quota=True,
+    )
+    for problem in read.problems:
+        level = logging.DEBUG if problem.header in limiter._told_headers else logging.WARNING
+        limiter._told_headers.add(problem.header)
+        logger.log(level, "%s from %s", problem.message, name)
+    now = limiter._local()
+    _, now = yield from learn_flow(limiter, key, decision, read.view, now, _POLICY.max_pause)
+    if read.pause:
+        logger.warning(
+            "upstream refused %s (HTTP %d): pausing its key for %.2fs (%s)",
+            name,
+            status,
+            read.pause,
+            read.reason,
+        )
+        fields = {"reason": read.reason, "source": "upstream", "route": name}
+        yield from pause_flow(limiter, key, read.pause, now, refused=status == 429, **fields)
+
+
+def _heeded(
     limiter: Limiter,
     key: str,
     decision: Decision,
-    status: int,
-    headers: Mapping[str, str],
+    told: tuple[int, httpx.Headers] | None,
     func: Callable[..., Any],
 ) -> None:
-    """What a transport does with a response: pause the key, learn the quota."""
-    pause = _pause_of(status, headers, func)
-    if pause > 0:
-        limiter.pause(key, pause)
-    limiter.learn(key, decision, headers)
+    """:func:`_heed` run; a store out of reach is logged (the call's own outcome still
+    goes to its caller)."""
+    if told is None:
+        return
+    try:
+        run(_heed(limiter, key, decision, told, _name(func)), limiter._perform)
+    except Exception:
+        logger.exception("the upstream's answer to %s could not be shared", _name(func))
 
 
-async def _aheed(
+async def _aheeded(
     limiter: AsyncLimiter,
     key: str,
     decision: Decision,
-    status: int,
-    headers: Mapping[str, str],
+    told: tuple[int, httpx.Headers] | None,
     func: Callable[..., Any],
 ) -> None:
-    """:func:`_heed` in asyncio."""
-    pause = _pause_of(status, headers, func)
-    if pause > 0:
-        await limiter.pause(key, pause)
-    await limiter.learn(key, decision, headers)
+    """:func:`_heeded` in asyncio."""
+    if told is None:
+        return
+    try:
+        await arun(_heed(limiter, key, decision, told, _name(func)), limiter._perform)
+    except Exception:
+        logger.exception("the upstream's answer to %s could not be shared", _name(func))
