@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import ClientSession, web
+from aiohttp import ClientResponseError, ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from throttle_client import AsyncLimiter, MemoryBackend, TokenPool
@@ -27,13 +27,17 @@ def crawl(
     requests: Callable[[ClientSession, str], Awaitable[None]],
     answer: Callable[[web.Request], Answer] | None = None,
     body: bytes | None = None,
+    received: list[tuple[str, bytes]] | None = None,
 ) -> list[tuple[str, float]]:
     """Run ``requests`` through a session with ``middleware`` against the local upstream;
-    what the upstream saw: each request's Authorization and the clock's time."""
+    what the upstream saw: each request's Authorization and the clock's time (and, in
+    ``received``, each request's query and body)."""
     seen: list[tuple[str, float]] = []
 
     async def handle(request: web.Request) -> web.Response:
         seen.append((request.headers.get("Authorization", ""), clock()))
+        if received is not None:
+            received.append((request.query_string, await request.read()))
         status, headers = answer(request) if answer else (200, {})
         if body is not None:  # (more than arrives at once: the client reads it in parts)
             return web.Response(body=body, status=status, headers=headers)
@@ -147,3 +151,68 @@ def test_a_capped_request_holds_its_lease_until_its_body_is_read_or_it_is_releas
 
     crawl(clock, ThrottledMiddleware(limiter), requests, body=b"x" * 8_000_000)
     assert in_flight == [1, 0, 1, 0]
+
+
+def test_a_body_that_can_be_sent_only_once_is_never_retried() -> None:
+    """A refused request is retried only when its body can be sent again: bytes, text
+    and JSON can, a stream read by the first attempt cannot (it would go out empty)."""
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    statuses: list[int] = []
+
+    async def stream() -> Any:
+        yield b"pay"
+        yield b"load"
+
+    async def requests(session: ClientSession, base: str) -> None:
+        headers = {"Authorization": "Bearer t-1"}
+        for body in [b"payload", stream()]:
+            async with session.put(f"{base}items/1", data=body, headers=headers) as r:
+                statuses.append(r.status)
+
+    received: list[tuple[str, bytes]] = []
+    refused = [True, False, True]  # each body's first attempt is refused
+    peers: list[Any] = []
+
+    def answer(request: web.Request) -> Answer:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        return (429, {"Retry-After": "1"}) if refused.pop(0) else (200, {})
+
+    seen = crawl(clock, ThrottledMiddleware(limiter), requests, answer, received=received)
+    assert statuses == [200, 429]  # the bytes retried; the stream's 429 returned
+    assert [body for _, body in received] == [b"payload", b"payload", b"payload"]
+    assert len(seen) == 3
+    assert len(set(peers)) == 1  # the refused answer was read: its connection kept
+
+
+def test_a_pool_token_in_the_query_stays_out_of_the_response_the_caller_gets() -> None:
+    """aiohttp builds a response's URL from the URL its request was made with, before
+    any middleware: the token set on the attempt shows in neither."""
+    clock = FakeClock()
+
+    def in_query(request: Any, token: str) -> None:
+        request.url = request.url.copy_add_param("access_token", token)
+
+    pool = TokenPool(["tok-secret"], host="127.0.0.1", apply=in_query)
+    shown: list[str] = []
+
+    async def requests(session: ClientSession, base: str) -> None:
+        async with session.get(f"{base}items?page=2") as response:
+            shown.extend([str(response.url), str(response.request_info.real_url)])
+            try:
+                response.raise_for_status()
+            except ClientResponseError as error:
+                shown.append(str(error))
+
+    received: list[tuple[str, bytes]] = []
+    crawl(
+        clock,
+        ThrottledMiddleware(a_limiter(clock), pool=pool),
+        requests,
+        lambda request: (404, {}),
+        received=received,
+    )
+    assert received[0][0] == "page=2&access_token=tok-secret"  # sent with the token
+    assert len(shown) == 3 and not any("tok-secret" in text for text in shown)
+    assert shown[0].endswith("/items?page=2")

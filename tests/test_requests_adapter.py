@@ -45,8 +45,7 @@ class _Upstream(HTTPAdapter):
         response = requests.Response()
         response.status_code, response.url, response.request = status, request.url, request
         response.headers.update(headers)
-        response._content = b'{"ok": true}'
-        response.raw = io.BytesIO(response._content)
+        response.raw = io.BytesIO(b'{"ok": true}')  # (read as a socket's would be)
         self.opened = getattr(self, "opened", 0) + 1
         return response
 
@@ -157,6 +156,7 @@ def test_a_pool_sets_its_token_on_a_copy_and_an_account_is_charged_too() -> None
     ]
     assert [round(at - start, 3) for _, at in upstream.seen] == [0.0, 0.0, 0.0, 1.0]  # the account
     assert all("Authorization" not in prepared.headers for prepared in sent)  # a copy got it
+    assert "Authorization" in list(upstream.seen[0][0].headers)  # as it is written, not lowered
 
 
 def test_a_host_no_route_covers_passes_unthrottled() -> None:
@@ -182,6 +182,21 @@ def test_a_capped_request_holds_its_lease_until_its_body_is_read_or_closed(strea
     assert limiter.usage("t-1").in_flight == 0
 
 
+def test_a_streamed_capped_request_ends_its_lease_once_its_body_is_read_through() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock, rates=["100/second"], max_concurrent=1)
+    session, _ = a_session(limiter, clock)
+    headers = {"Authorization": "Bearer t-1"}
+    response = session.get(f"https://{HOST}/items", headers=headers, stream=True)
+    parts = response.iter_content(4)
+    next(parts)
+    assert limiter.usage("t-1").in_flight == 1  # still reading
+    assert b"".join(parts)
+    assert limiter.usage("t-1").in_flight == 0  # read through, never closed
+    again = session.get(f"https://{HOST}/items", headers=headers, stream=True)
+    assert again.json() == {"ok": True} and limiter.usage("t-1").in_flight == 0
+
+
 def test_a_session_mounts_the_adapter_and_bad_options_are_refused() -> None:
     limiter = Limiter(MemoryBackend(), rates=["2/second"])
     session = ThrottledSession(limiter, acquire_timeout=5)
@@ -189,3 +204,65 @@ def test_a_session_mounts_the_adapter_and_bad_options_are_refused() -> None:
     assert session.get_adapter("http://127.0.0.1:8080/") is session.adapter
     with pytest.raises(ConfigurationError, match="priority"):
         ThrottledSession(limiter, priority="urgent")
+
+
+@pytest.mark.parametrize(
+    ("body", "retried"),
+    [
+        (b"payload", True),
+        ("payload", True),
+        (io.BytesIO(b"payload"), False),
+        ((part for part in [b"pay", b"load"]), False),
+    ],
+    ids=["bytes", "text", "file", "generator"],
+)
+def test_a_body_that_can_be_sent_only_once_is_never_retried(body: Any, retried: bool) -> None:
+    """A refused request is retried only when its body can be sent again: a file or a
+    generator, read by the first attempt, would go out empty."""
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    answers = iter([(429, {"Retry-After": "1"}), (200, {})])
+    session, upstream = a_session(limiter, clock, lambda request: next(answers))
+    headers = {"Authorization": "Bearer t-1"}
+    response = session.put(f"https://{HOST}/items/1", data=body, headers=headers)
+    assert response.status_code == (200 if retried else 429)
+    assert len(upstream.seen) == (2 if retried else 1)
+    if retried:
+        assert upstream.seen[1][0].body in (b"payload", "payload")  # the whole body again
+    else:
+        assert limiter.usage("t-1").paused_for == pytest.approx(1.0)  # paused all the same
+
+
+def test_a_header_given_as_bytes_keys_the_request_and_no_pool_token_replaces_it() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock, rates=["1/minute"])
+    pool = TokenPool(["tok-a"], host=HOST)
+    session, upstream = a_session(limiter, clock, pool=pool)
+    start = clock()
+    for _ in range(2):
+        session.get(f"https://{HOST}/items", headers={"Authorization": b"Bearer own"})
+    assert [r.headers["Authorization"] for r, _ in upstream.seen] == [b"Bearer own"] * 2
+    assert [round(at - start) for _, at in upstream.seen] == [0, 60]  # keyed by its token
+    assert limiter.usage("own").rates[0].used == 1 and limiter.usage("tok-a").rates[0].used == 0
+
+
+@pytest.mark.parametrize("where", ["header", "query"])
+def test_a_pool_token_stays_out_of_the_response_the_caller_gets(where: str) -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    pool = TokenPool(["tok-secret"], host=HOST)
+    if where == "query":
+        pool = TokenPool(["tok-secret"], host=HOST, apply=_in_query)
+    session, upstream = a_session(limiter, clock, pool=pool, answer=lambda request: (404, {}))
+    response = session.get(f"https://{HOST}/items?page=2")
+    sent = upstream.seen[0][0]
+    assert "tok-secret" in (sent.headers.get("Authorization", "") + (sent.url or ""))
+    assert response.url == f"https://{HOST}/items?page=2"
+    assert "Authorization" not in response.request.headers
+    with pytest.raises(requests.HTTPError) as raised:
+        response.raise_for_status()
+    assert "tok-secret" not in str(raised.value)
+
+
+def _in_query(request: Any, token: str) -> None:
+    request.url = request.url.copy_add_param("access_token", token)

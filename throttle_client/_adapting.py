@@ -19,9 +19,18 @@ import httpx
 ORIGINAL = "throttle_client.original_response"
 
 
-def request_view(method: str, url: str, headers: Iterable[tuple[str, str]]) -> httpx.Request:
-    """What the flow reads of a request."""
-    return httpx.Request(method, url, headers=list(headers))
+def request_view(
+    method: str, url: str, headers: Iterable[tuple[str, str]], *, replayable: bool
+) -> httpx.Request:
+    """What the flow reads of a request. ``replayable``: its body can be sent again (none,
+    or bytes in memory); a body read from a file or a generator cannot, so the flow
+    never retries it (its view has a stream, as an httpx request with such a body has)."""
+    stream = None if replayable else _SentOnce()
+    return httpx.Request(method, url, headers=list(headers), stream=stream)
+
+
+class _SentOnce(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """The stand-in for a body that can be sent once: the flow never reads it."""
 
 
 def response_view(
@@ -44,6 +53,12 @@ def changes(
     """What the flow set on a request's view before sending it (``outgoing``): headers set
     or changed, headers removed, and the new URL (None: the same)."""
     before: Mapping[str, str] = view.headers
-    changed = {name: value for name, value in outgoing.headers.items() if before.get(name) != value}
+    # (The names as they were set, "Authorization", not as httpx compares them.)
+    encoding = outgoing.headers.encoding
+    changed: dict[str, str] = {}
+    for raw_name, raw_value in outgoing.headers.raw:
+        name, value = raw_name.decode("latin-1"), raw_value.decode(encoding)
+        if before.get(name) != value:
+            changed[name] = value
     removed = [name for name in before if name not in outgoing.headers]
     return changed, removed, None if outgoing.url == view.url else str(outgoing.url)

@@ -22,9 +22,11 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import aiohttp
 import httpx
 from aiohttp import ClientRequest, ClientResponse
 from aiohttp.client_middlewares import ClientHandlerType
+from aiohttp.payload import BytesPayload
 
 from ._adapting import changes, original_of, request_view, response_view
 from ._events import Listener
@@ -79,7 +81,13 @@ class ThrottledMiddleware:
         self._core = TransportCore(AsyncLimiter, limiter, routes, *options)
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
-        view = request_view(request.method, str(request.url), request.headers.items())
+        view = request_view(
+            request.method,
+            str(request.url),
+            request.headers.items(),
+            # (bytes, text and JSON in memory can be sent again; a file or a stream cannot)
+            replayable=request.body == b"" or isinstance(request.body, BytesPayload),
+        )
         plan = self._core.plan(view)
         if plan is None:
             return await handler(request)
@@ -105,7 +113,7 @@ class ThrottledMiddleware:
                 )
                 return seen, limiter._local(), limiter._wall()
             if isinstance(step, Discard):
-                original_of(step.response).release()  # (a retry: this one's body is not wanted)
+                await _drain(original_of(step.response))  # (a retry: its body is not wanted)
                 return limiter._local()
             return await limiter._perform(step)
 
@@ -138,6 +146,17 @@ def _as_sent(
     for name in removed:
         request.headers.popall(name, None)
     request.url = url if new_url is None else type(url)(new_url)
+
+
+async def _drain(response: ClientResponse) -> None:
+    """Read and release a response thrown away: a drained one gives its connection back
+    (released unread, it would be closed)."""
+    try:
+        await response.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        pass  # the body of a response we throw away is not worth an error
+    finally:
+        response.release()
 
 
 def _hold_until_done(response: ClientResponse, lease: AsyncLease) -> None:

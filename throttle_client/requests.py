@@ -14,7 +14,7 @@ requests' own objects. ``ThrottledSession`` is a ``requests.Session`` with it mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -101,12 +101,15 @@ class ThrottledAdapter(HTTPAdapter):
                 )
                 return seen, limiter._local(), limiter._wall()
             if isinstance(step, Discard):
-                original_of(step.response).close()  # (a retry: this one's body is not wanted)
+                _drain(original_of(step.response))  # (a retry: this one's body is not wanted)
                 return limiter._local()
             return limiter._perform(step)
 
         answer = run(self._core.flow(plan, view, limiter._local()), perform)
         final: requests.Response = original_of(answer)
+        # The caller's request, not the copy that carried a pool's token: the token
+        # stays out of response.url, raise_for_status()'s message and redirects.
+        final.url, final.request = request.url or final.url, request
         return final
 
     def listen(self, listener: Listener) -> Callable[[], None]:
@@ -132,8 +135,14 @@ class ThrottledSession(requests.Session):
 
 def _request_view(request: requests.PreparedRequest) -> httpx.Request:
     """What the flow reads of a request: its method, URL and headers (not its body)."""
-    headers = [(name, value) for name, value in request.headers.items() if isinstance(value, str)]
-    return request_view(request.method or "GET", request.url or "", headers)
+    # (requests sends a header given as bytes as it is: its view reads it the same.)
+    headers = [(name, _text(value)) for name, value in request.headers.items()]
+    replayable = request.body is None or isinstance(request.body, (bytes, str))
+    return request_view(request.method or "GET", request.url or "", headers, replayable=replayable)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
 def _with_changes(
@@ -156,14 +165,15 @@ def _with_changes(
 
 def _hold_until_read(response: requests.Response, lease: Lease, streamed: bool) -> None:
     """A capped request's lease: ended once its body is in memory (read here), or, for
-    a streamed one, when its response is closed."""
+    a streamed one, when its body has been read through or its response is closed,
+    whichever comes first."""
     if not streamed:
         try:
             response.content  # noqa: B018  (read now: nothing is left in flight)
         finally:
             lease.release()
         return
-    close = response.close
+    close, iter_content = response.close, response.iter_content
 
     def closing() -> None:
         try:
@@ -171,4 +181,19 @@ def _hold_until_read(response: requests.Response, lease: Lease, streamed: bool) 
         finally:
             lease.release()
 
+    def reading(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        yield from iter_content(*args, **kwargs)
+        lease.release()  # (read through: .content, .json(), iter_lines() all end here)
+
     response.close = closing  # type: ignore[method-assign]
+    response.iter_content = reading  # type: ignore[method-assign]
+
+
+def _drain(response: requests.Response) -> None:
+    """Read and close a response thrown away: a drained one gives its connection back."""
+    try:
+        response.content  # noqa: B018
+    except requests.RequestException:
+        pass  # the body of a response we throw away is not worth an error
+    finally:
+        response.close()
