@@ -199,7 +199,7 @@ def test_a_pool_token_in_the_query_stays_out_of_the_response_the_caller_gets() -
 
     async def requests(session: ClientSession, base: str) -> None:
         async with session.get(f"{base}items?page=2") as response:
-            shown.extend([str(response.url), str(response.request_info.real_url)])
+            shown.extend([str(response.url), repr(response.request_info)])
             try:
                 response.raise_for_status()
             except ClientResponseError as error:
@@ -216,3 +216,28 @@ def test_a_pool_token_in_the_query_stays_out_of_the_response_the_caller_gets() -
     assert received[0][0] == "page=2&access_token=tok-secret"  # sent with the token
     assert len(shown) == 3 and not any("tok-secret" in text for text in shown)
     assert shown[0].endswith("/items?page=2")
+
+
+def test_headers_a_pool_leaves_go_as_they_came_and_its_token_stays_out_of_request_info() -> None:
+    """Values beyond ASCII and repeated headers pass as aiohttp sends them; the
+    response's request_info (which raise_for_status puts in its error) is the caller's."""
+    from multidict import CIMultiDict
+
+    clock = FakeClock()
+    pool = TokenPool(["tok-secret"], host="127.0.0.1")
+    infos: list[str] = []
+    seen_headers: list[tuple[list[str], str]] = []
+
+    def answer(request: web.Request) -> Answer:
+        seen_headers.append((request.headers.getall("X-Tag"), request.headers["X-Note"]))
+        return 200, {}
+
+    async def requests(session: ClientSession, base: str) -> None:
+        headers = CIMultiDict([("X-Tag", "a"), ("X-Tag", "b"), ("X-Note", "café")])
+        async with session.get(f"{base}items", headers=headers) as response:
+            infos.append(repr(response.request_info))
+
+    seen = crawl(clock, ThrottledMiddleware(a_limiter(clock), pool=pool), requests, answer)
+    assert seen[0][0] == "Bearer tok-secret"
+    assert seen_headers == [(["a", "b"], "café")]
+    assert "tok-secret" not in infos[0] and "items" in infos[0]

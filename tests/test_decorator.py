@@ -300,7 +300,7 @@ def test_a_feedback_that_fails_reads_nothing_and_the_call_goes_on(
     assert fetch("t").status_code == 429
     assert limiter.usage("t").paused_for == 0.0
     assert "feedback= failed for" in caplog.text
-    with pytest.raises(TypeError, match="feedback must be a function"):
+    with pytest.raises(TypeError, match="feedback must be a plain function"):
         throttled(limiter, key="token", feedback="status")  # type: ignore[arg-type]
 
 
@@ -397,3 +397,38 @@ def test_a_store_out_of_reach_after_the_call_does_not_replace_its_outcome(
 
         assert fetch("t") is answer
     assert "could not be shared" in caplog.text
+
+
+def test_feedback_headers_may_be_pairs_or_none_and_an_async_feedback_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    clock = FakeClock()
+    limiter = Limiter(MemoryBackend(), rates=["10/second"], clock=clock, sleep=clock.sleep)
+    answers = iter([(429, [("Retry-After", "4")]), (429, None)])
+
+    @throttled(limiter, key="token", feedback=lambda result: result)
+    def fetch(token: str) -> object:
+        return next(answers)
+
+    fetch("t")
+    assert limiter.usage("t").paused_for == pytest.approx(4.0)
+    fetch("t")  # a 429 that says nothing: the transports' first backoff
+    assert limiter.usage("t").paused_for == pytest.approx(1.0)
+
+    async def reads(outcome: object) -> None: ...
+
+    with pytest.raises(TypeError, match="plain function"):
+        throttled(limiter, key="token", feedback=reads)  # type: ignore[arg-type]
+
+    # A feedback written for responses, given the exception of a lost connection: the
+    # caller gets that exception; the log has no error for it.
+    @throttled(limiter, key="token", feedback=lambda r: (r.status_code, r.headers))
+    def lost(token: str) -> object:
+        raise ConnectionError("the connection was lost")
+
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="throttle_client"), pytest.raises(ConnectionError):
+        lost("t")
+    assert [r.levelname for r in caplog.records if "feedback= failed" in r.message] == ["DEBUG"]

@@ -266,3 +266,54 @@ def test_a_pool_token_stays_out_of_the_response_the_caller_gets(where: str) -> N
 
 def _in_query(request: Any, token: str) -> None:
     request.url = request.url.copy_add_param("access_token", token)
+
+
+@pytest.mark.parametrize("where", ["header", "query"])
+def test_a_pool_token_stays_out_of_an_error_the_caller_gets(where: str) -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    pool = TokenPool(
+        ["tok-secret"], host=HOST, **({"apply": _in_query} if where == "query" else {})
+    )
+
+    def unreachable(request: requests.PreparedRequest) -> Answer:
+        raise requests.ConnectionError(f"Max retries exceeded with url: {request.path_url}")
+
+    session, _ = a_session(limiter, clock, pool=pool, answer=unreachable)
+    with pytest.raises(requests.ConnectionError) as raised:
+        session.get(f"https://{HOST}/items?page=2")
+    error = raised.value
+    assert "page=2" in str(error) and "tok-secret" not in str(error)
+    assert error.request is not None and "tok-secret" not in str(error.request.headers)
+    assert error.request.url == f"https://{HOST}/items?page=2"
+    assert error.__context__ is None and error.__cause__ is None
+
+
+def test_header_values_beyond_ascii_go_as_requests_sends_them() -> None:
+    clock = FakeClock()
+    limiter = a_limiter(clock)
+    session, upstream = a_session(limiter, clock, pool=TokenPool(["tok-a"], host=HOST))
+    for value in ["café", "café".encode(), "naïve".encode("latin-1")]:
+        session.get(f"https://{HOST}/items", headers={"X-Note": value})
+    assert [r.headers["X-Note"] for r, _ in upstream.seen] == [
+        "café",
+        "café".encode(),
+        "naïve".encode("latin-1"),
+    ]
+    assert all(r.headers["Authorization"] == "Bearer tok-a" for r, _ in upstream.seen)
+
+
+def test_a_streamed_capped_body_that_breaks_off_ends_its_lease() -> None:
+    class Broken(io.RawIOBase):
+        def readinto(self, buffer: Any) -> int:
+            raise OSError("connection reset mid-body")
+
+    clock = FakeClock()
+    limiter = a_limiter(clock, rates=["100/second"], max_concurrent=1)
+    session, _ = a_session(limiter, clock)
+    headers = {"Authorization": "Bearer t-1"}
+    response = session.get(f"https://{HOST}/items", headers=headers, stream=True)
+    response.raw = Broken()
+    with pytest.raises(OSError, match="reset"):
+        response.json()
+    assert limiter.usage("t-1").in_flight == 0  # never closed, yet nothing held

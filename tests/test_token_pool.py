@@ -506,3 +506,27 @@ def test_a_pool_charged_to_one_of_its_own_keys_again_is_refused_before_anything_
         with pytest.raises(ConfigurationError, match="charged to one key twice"):
             limiter.try_acquire_any(["tok-a", "tok-b"], also=also)
     assert limiter.usage("tok-b").rates[0].used == 0 and other.usage("acct").rates[0].used == 0
+
+
+def test_a_pools_token_never_goes_out_over_plain_http_unless_told() -> None:
+    """A redirect from https down to http on the pool's host gets no token; a host the
+    pool names with its port, or a loopback one, is served on either scheme."""
+    seen: list[tuple[str, str | None]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.scheme, request.headers.get("Authorization")))
+        return httpx.Response(200)
+
+    for host, url, sent in [
+        (HOST, f"https://{HOST}/items", True),
+        (HOST, f"http://{HOST}/items", False),
+        (f"{HOST}:8080", f"http://{HOST}:8080/items", True),
+        ("127.0.0.1", "http://127.0.0.1/items", True),
+    ]:
+        limiter = Limiter(MemoryBackend(), rates=["10/second"])
+        transport = ThrottledTransport(
+            limiter, transport=httpx.MockTransport(upstream), pool=TokenPool(TOKENS, host=host)
+        )
+        with httpx.Client(transport=transport) as client:
+            client.get(url)
+        assert (seen[-1][1] is not None) == sent, (host, url)

@@ -10,7 +10,7 @@ the query) over to the client's request.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -20,13 +20,20 @@ ORIGINAL = "throttle_client.original_response"
 
 
 def request_view(
-    method: str, url: str, headers: Iterable[tuple[str, str]], *, replayable: bool
+    method: str, url: str, headers: Iterable[tuple[str | bytes, str | bytes]], *, replayable: bool
 ) -> httpx.Request:
     """What the flow reads of a request. ``replayable``: its body can be sent again (none,
     or bytes in memory); a body read from a file or a generator cannot, so the flow
-    never retries it (its view has a stream, as an httpx request with such a body has)."""
+    never retries it (its view has a stream, as an httpx request with such a body has).
+    Header values go in as bytes (a str as UTF-8), so that any value the client itself
+    would send is read, not only ASCII."""
     stream = None if replayable else _SentOnce()
-    return httpx.Request(method, url, headers=list(headers), stream=stream)
+    raw = [(_bytes(name, "latin-1"), _bytes(value, "utf-8")) for name, value in headers]
+    return httpx.Request(method, url, headers=raw, stream=stream)
+
+
+def _bytes(text: str | bytes, encoding: str) -> bytes:
+    return text if isinstance(text, bytes) else text.encode(encoding)
 
 
 class _SentOnce(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -49,16 +56,31 @@ def original_of(response: httpx.Response) -> Any:
 
 def changes(
     view: httpx.Request, outgoing: httpx.Request
-) -> tuple[dict[str, str], list[str], str | None]:
-    """What the flow set on a request's view before sending it (``outgoing``): headers set
-    or changed, headers removed, and the new URL (None: the same)."""
-    before: Mapping[str, str] = view.headers
-    # (The names as they were set, "Authorization", not as httpx compares them.)
-    encoding = outgoing.headers.encoding
-    changed: dict[str, str] = {}
-    for raw_name, raw_value in outgoing.headers.raw:
-        name, value = raw_name.decode("latin-1"), raw_value.decode(encoding)
-        if before.get(name) != value:
-            changed[name] = value
-    removed = [name for name in before if name not in outgoing.headers]
+) -> tuple[dict[str, list[str]], list[str], str | None]:
+    """What the flow set on a request's view before sending it (``outgoing``): each header
+    set or changed, with all its values (a repeated header keeps every one), headers
+    removed, and the new URL (None: the same). Headers are compared as bytes, as sent."""
+    before, after = _by_name(view.headers.raw), _by_name(outgoing.headers.raw)
+    changed = {
+        spelled: [_text(value) for value in values]
+        for key, (spelled, values) in after.items()
+        if key not in before or before[key][1] != values
+    }
+    removed = [spelled for key, (spelled, _) in before.items() if key not in after]
     return changed, removed, None if outgoing.url == view.url else str(outgoing.url)
+
+
+def _by_name(raw: list[tuple[bytes, bytes]]) -> dict[bytes, tuple[str, list[bytes]]]:
+    """Each header's values, by its name in lower case, with the name as first written
+    ("Authorization", as the pool sets it)."""
+    grouped: dict[bytes, tuple[str, list[bytes]]] = {}
+    for name, value in raw:
+        grouped.setdefault(name.lower(), (name.decode("latin-1"), []))[1].append(value)
+    return grouped
+
+
+def _text(value: bytes) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.decode("latin-1")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
@@ -33,7 +33,7 @@ logger = logging.getLogger("throttle_client")
 
 # What a call's outcome (its result, or the exception it raised) says the upstream
 # answered: (status, headers), or None for nothing to read.
-Feedback = Callable[[Any], "tuple[int, Mapping[str, Any]] | None"]
+Feedback = Callable[[Any], "tuple[int, Any] | None"]
 _POLICY = RetryPolicy()  # (the transports' default pauses: at most 300 s, 1 s if unsaid)
 
 P = ParamSpec("P")
@@ -184,8 +184,8 @@ def throttled(
     ... async def profile(client: httpx.AsyncClient, user: User) -> dict: ...
     """
     check_priority(priority, "priority")  # (here, not at the first call)
-    if feedback is not None and not callable(feedback):
-        raise TypeError(f"feedback must be a function of a call's outcome, not {feedback!r}")
+    if feedback is not None and (not callable(feedback) or _is_async(feedback)):
+        raise TypeError(f"feedback must be a plain function of a call's outcome, not {feedback!r}")
     if priority != "normal" and any(
         getattr(one, "max_concurrent", None) for one in [limiter, *(spec[0] for spec in also)]
     ):
@@ -283,11 +283,15 @@ def _heard(
         status, headers = told
         if isinstance(status, bool) or not isinstance(status, int):
             raise TypeError(f"feedback= gave the status {status!r}, not an int")
-        # (Any mapping of names to values: a client's own headers, urllib's Message,
-        # ints or bytes as values.)
-        return status, httpx.Headers([(_text(k), _text(v)) for k, v in headers.items()])
+        # (Any mapping of names to values, or pairs: a client's own headers, urllib's
+        # Message, ints or bytes as values; None for none.)
+        pairs = headers.items() if hasattr(headers, "items") else headers or ()
+        return status, httpx.Headers([(_text(k), _text(v)) for k, v in pairs])
     except Exception:
-        logger.exception("feedback= failed for %s: its answer was not read", _name(func))
+        # A feedback written for responses may not know an exception (a lost
+        # connection): the caller sees that exception; the log says it quietly.
+        log = logger.debug if isinstance(outcome, BaseException) else logger.exception
+        log("feedback= failed for %s: its answer was not read", _name(func), exc_info=True)
         return None
 
 

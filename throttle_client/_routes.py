@@ -44,7 +44,9 @@ class TokenPool:
     gap, and a token its upstream paused is passed over until its pause ends.
 
     The tokens are sent to ``host`` only (as a route's: ``"api.github.com"``, or with a
-    port, ``"127.0.0.1:8080"``): a request to another host, a redirect to one among them,
+    port, ``"127.0.0.1:8080"``), over https, unless the host is a loopback one or names
+    its port (a redirect to plain http gets no token): a request to another host, a
+    redirect to one among them,
     passes as if there were no pool (the token is set on a copy of the request, which
     httpx does not follow a redirect from). With the default ``apply``, a request that
     carries its own ``Authorization`` header keeps it, and is keyed by it; a custom
@@ -78,6 +80,8 @@ class TokenPool:
         host, and (with the default ``apply``) carries no ``Authorization`` of its own."""
         if not _at(request, self._name, self._port):
             return False
+        if request.url.scheme != "https" and self._port is None and self._name not in _LOOPBACK:
+            return False  # (a redirect down to http: no token in the clear)
         return self.apply is not bearer or "authorization" not in request.headers
 
     def __post_init__(self) -> None:
@@ -110,6 +114,10 @@ class TokenPool:
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_port", port)
+
+
+# Hosts whose plain http never leaves the machine.
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
 def _first_repeat(items: tuple[str, ...]) -> int:

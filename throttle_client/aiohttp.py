@@ -24,9 +24,10 @@ from typing import Any
 
 import aiohttp
 import httpx
-from aiohttp import ClientRequest, ClientResponse
+from aiohttp import ClientRequest, ClientResponse, RequestInfo
 from aiohttp.client_middlewares import ClientHandlerType
 from aiohttp.payload import BytesPayload
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from ._adapting import changes, original_of, request_view, response_view
 from ._events import Listener
@@ -119,6 +120,8 @@ class ThrottledMiddleware:
 
         answer = await arun(self._core.flow(plan, view, limiter._local()), perform)
         final: ClientResponse = original_of(answer)
+        if plan.pool is not None:
+            _as_asked(final, url, headers)
         return final
 
     def listen(self, listener: Listener) -> Callable[[], None]:
@@ -141,8 +144,10 @@ def _as_sent(
     changed, removed, new_url = changes(view, outgoing)
     request.headers.clear()
     request.headers.extend(headers)
-    for name, value in changed.items():
-        request.headers[name] = value
+    for name, values in changed.items():
+        request.headers.popall(name, None)
+        for value in values:  # (a repeated header keeps every value)
+            request.headers.add(name, value)
     for name in removed:
         request.headers.popall(name, None)
     request.url = url if new_url is None else type(url)(new_url)
@@ -157,6 +162,16 @@ async def _drain(response: ClientResponse) -> None:
         pass  # the body of a response we throw away is not worth an error
     finally:
         response.release()
+
+
+def _as_asked(response: ClientResponse, url: Any, headers: Any) -> None:
+    """The caller's request on the response's ``request_info`` (which ``raise_for_status``
+    puts in its error), not the attempt that carried a pool's token. (aiohttp keeps it
+    in a private field, the same from 3.12 on; a response without it is left alone.)"""
+    info = getattr(response, "_request_info", None)
+    if isinstance(info, RequestInfo):
+        asked = RequestInfo(url, info.method, CIMultiDictProxy(CIMultiDict(headers)), info.real_url)
+        response._request_info = asked
 
 
 def _hold_until_done(response: ClientResponse, lease: AsyncLease) -> None:

@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import requests
 from requests.adapters import HTTPAdapter
+from requests.exceptions import RequestException
 
 from ._adapting import changes, original_of, request_view, response_view
 from ._events import Listener
@@ -88,14 +90,19 @@ class ThrottledAdapter(HTTPAdapter):
                 return lease.__enter__(), lease
             if isinstance(step, Send):
                 outgoing = _with_changes(request, view, step.request)
+                scrubbed = None
                 try:
                     response = super(ThrottledAdapter, self).send(outgoing, **options)
                     if step.lease is not None:
                         _hold_until_read(response, step.lease, bool(options.get("stream")))
-                except BaseException:
+                except BaseException as error:
                     if step.lease is not None:
                         step.lease.release()
-                    raise
+                    if outgoing is request or not isinstance(error, RequestException):
+                        raise
+                    scrubbed = _without_token(error, request, view, step.request)
+                if scrubbed is not None:  # (raised here, it carries no trace of the token)
+                    raise scrubbed
                 seen = response_view(
                     response.status_code, response.headers.items(), step.request, response
                 )
@@ -135,14 +142,40 @@ class ThrottledSession(requests.Session):
 
 def _request_view(request: requests.PreparedRequest) -> httpx.Request:
     """What the flow reads of a request: its method, URL and headers (not its body)."""
-    # (requests sends a header given as bytes as it is: its view reads it the same.)
-    headers = [(name, _text(value)) for name, value in request.headers.items()]
     replayable = request.body is None or isinstance(request.body, (bytes, str))
+    headers = request.headers.items()  # (str or bytes, as requests sends them)
     return request_view(request.method or "GET", request.url or "", headers, replayable=replayable)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes) else value
+def _without_token(
+    error: RequestException,
+    request: requests.PreparedRequest,
+    view: httpx.Request,
+    outgoing: httpx.Request,
+) -> RequestException:
+    """``error`` as the caller may see it: naming the caller's request, not the copy
+    that carried a pool's token, and with the token struck from its message (a URL
+    with the token in its query names it)."""
+    changed, _, _ = changes(view, outgoing)
+    secrets = {part for values in changed.values() for value in values for part in value.split()}
+    asked = set(view.url.params.multi_items())
+    secrets |= {
+        value
+        for item in outgoing.url.params.multi_items()
+        if item not in asked
+        for value in item[1:]
+    }
+    secrets |= {quote(secret, safe="") for secret in secrets}
+
+    def struck(argument: object) -> object:
+        text = str(argument)
+        if not any(secret in text for secret in secrets):
+            return argument
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    return type(error)(*map(struck, error.args), request=request, response=error.response)
 
 
 def _with_changes(
@@ -155,7 +188,8 @@ def _with_changes(
         return request
     sent = request.copy()
     changed, removed, url = changes(view, outgoing)
-    sent.headers.update(changed)
+    for name, values in changed.items():
+        sent.headers[name] = ", ".join(values)  # (requests keeps one value per name)
     for name in removed:
         sent.headers.pop(name, None)
     if url is not None:
@@ -182,7 +216,11 @@ def _hold_until_read(response: requests.Response, lease: Lease, streamed: bool) 
             lease.release()
 
     def reading(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        yield from iter_content(*args, **kwargs)
+        try:
+            yield from iter_content(*args, **kwargs)
+        except Exception:
+            lease.release()  # (the body broke off: nothing is in flight any more)
+            raise
         lease.release()  # (read through: .content, .json(), iter_lines() all end here)
 
     response.close = closing  # type: ignore[method-assign]
