@@ -317,3 +317,23 @@ def test_a_streamed_capped_body_that_breaks_off_ends_its_lease() -> None:
     with pytest.raises(OSError, match="reset"):
         response.json()
     assert limiter.usage("t-1").in_flight == 0  # never closed, yet nothing held
+
+
+def test_a_session_is_heard_and_counted_as_a_client_is() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from throttle_client import key_label
+    from throttle_client.prometheus import instrument
+
+    limiter = Limiter(MemoryBackend(), rates=["2/second"])
+    session = ThrottledSession(limiter)
+    heard: list[str] = []
+    stop = session.listen(lambda event: heard.append(event.kind))
+    registry = CollectorRegistry()
+    instrument(session, registry=registry)
+    limiter.try_acquire("t-1")
+    stop()
+    assert "admitted" in heard
+    key = key_label(limiter.store_key("t-1"))
+    labels = {"key": key, "namespace": "default", "outcome": "admitted"}
+    assert registry.get_sample_value("throttle_client_decisions_total", labels) == 1.0

@@ -136,8 +136,13 @@ class ThrottledSession(requests.Session):
     def __init__(self, limiter: Limiter | None = None, **options: Any) -> None:
         super().__init__()
         self.adapter = ThrottledAdapter(limiter, **options)
+        self._throttled = self.adapter  # (what metrics' instrument() counts, as a client's)
         self.mount("http://", self.adapter)
         self.mount("https://", self.adapter)
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """As :meth:`ThrottledAdapter.listen`."""
+        return self.adapter.listen(listener)
 
 
 def _request_view(request: requests.PreparedRequest) -> httpx.Request:

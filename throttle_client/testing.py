@@ -1,7 +1,9 @@
 """Helpers for tests of code that uses throttle_client (and for its own tests).
 
 >>> clock = FakeClock()
->>> limiter = Limiter(MemoryBackend(), rates=["2/second"], clock=clock, sleep=clock.sleep)
+>>> limiter = Limiter(
+...     MemoryBackend(), rates=["2/second"], margin=0, clock=clock, sleep=clock.sleep
+... )
 >>> limiter.acquire("t"); limiter.acquire("t"); limiter.acquire("t").waited
 1.0
 """
