@@ -34,7 +34,7 @@ from throttle_client._history import Offsets
 from throttle_client.testing import FakeClock
 
 TOKEN = "ghp_history_test_token_3c7a"
-README = Path(__file__).resolve().parent.parent / "README.md"
+ACL_PAGE = Path(__file__).resolve().parent.parent / "docs" / "operations" / "acl.md"
 LA = "America/Los_Angeles"
 
 
@@ -243,7 +243,7 @@ def test_a_damaged_sqlite_history_starts_again_and_fails_no_call(tmp_path: Path)
 def test_a_history_it_cannot_prune_still_expires(redis_url: str) -> None:
     """A user whose ACL allows HINCRBY but not HKEYS: the hash still gets its TTL."""
     admin = redis.Redis.from_url(redis_url)
-    line = re.search(r"^ACL SETUSER .+$", README.read_text(), re.MULTILINE)
+    line = re.search(r"^ACL SETUSER .+$", ACL_PAGE.read_text(), re.MULTILINE)
     assert line is not None
     words = [w for w in line.group(0).split()[2:] if w != "+hkeys"]
     user, rules = words[0], [">pw" if w.startswith(">") else w for w in words[1:]]

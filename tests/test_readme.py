@@ -1,10 +1,8 @@
-"""The README runs as written: its Python examples, pointed at this suite's servers, and its
-test command, which CI (`.ci/run`) reads from it."""
+"""The README's test command is what CI (`.ci/run`) runs: read from the README itself.
+(Its Python examples run in tests/test_docs.py, with the site's.)"""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shlex
@@ -13,21 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-import pytest
-
-from throttle_client import Limiter, RedisBackend
-from throttle_client.cli.upstream import StrictUpstream
-
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-
-
-def taken(limiter: Limiter) -> int:
-    """Units of the token's first rate in slots up to now or booked ahead."""
-    usage = limiter.usage("ACCESS-TOKEN").rates[0]
-    return usage.used + usage.booked
 
 
 def readme_test_commands(readme: str) -> tuple[list[str], list[str]]:
@@ -69,6 +54,10 @@ def expected_ci(install: list[str], test: list[str], tmp_path: Path) -> list[lis
         # The README's install, upgrading what is installed to the newest allowed.
         ["python3", "-m", "pip", "install", *quiet, "--upgrade", "--upgrade-strategy",
          "eager", *install[2:]],
+        # The documentation site, built with every warning an error.
+        ["python3", "-m", "pip", "install", *quiet, "--upgrade", "-e", ".[docs]"],
+        ["python3", "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir",
+         f"{tmp_path}/throttle-client-site"],
         ["python3", "-m", "tests.tls"],  # the TLS redis-server, built before the suite
         test,
         [*test, "-m", "slow"],
@@ -136,57 +125,3 @@ def test_the_second_tier_runs_what_the_first_leaves_out() -> None:
     first, second, every = collected(), collected("-m", "slow"), collected("-m", "")
     assert second and first and not first & second
     assert first | second == every
-
-
-def stated_outputs(block: str) -> list[str]:
-    """What a block's ``print(...)  # <output>`` lines say they print: the comment, up to
-    a " — " that explains it; after "e.g. " (a value that changes, like a date) only the
-    words after the first."""
-    stated = []
-    for line in block.splitlines():
-        code, _, comment = line.partition("  # ")
-        if "print(" not in code or not comment:
-            continue
-        comment = comment.split(" — ")[0].strip()
-        if comment.startswith("e.g. "):
-            comment = " ".join(comment.split()[2:])
-        stated.append(comment)
-    return stated
-
-
-def test_the_readme_has_sync_and_async_examples_that_say_what_they_print() -> None:
-    """The quick starts are run below (test_readme_example_runs), the async one under
-    asyncio.run; and the outputs the examples state in comments are checked there."""
-    assert len(BLOCKS) >= 2
-    assert any("asyncio.run(" in block and "await " in block for block in BLOCKS)
-    assert sum(len(stated_outputs(block)) for block in BLOCKS) >= 3
-
-
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index: int, redis_url: str) -> None:
-    with StrictUpstream(rates=["100/second"]) as upstream:
-        source = BLOCKS[index].replace("redis://localhost:6379/0", redis_url)
-        source = source.replace("https://api.example.com", upstream.url)
-        namespace: dict[str, object] = {"__name__": f"readme_{index}"}
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            exec(compile(source, f"README.md block {index}", "exec"), namespace)
-        limiter = namespace.get("limiter")
-        if "fetch" in namespace:  # the decorated function: call it once, for real
-            fetch = namespace["fetch"]
-            assert callable(fetch) and isinstance(limiter, Limiter)
-            before = taken(limiter)
-            assert b'"ok": true' in fetch("ACCESS-TOKEN", f"{upstream.url}/items")
-            assert taken(limiter) == before + 1  # one call, one slot: not counted twice
-        stats = upstream.stats()
-        # The sync snippet keeps clients and a Redis connection for the process's life.
-        for client in namespace.values():
-            if isinstance(client, httpx.Client):
-                client.close()
-        if isinstance(limiter, Limiter) and isinstance(limiter.backend, RedisBackend):
-            limiter.backend.close()
-    assert stats["rejected"] == 0
-    for stated in stated_outputs(BLOCKS[index]):  # what the block says it prints, it does
-        assert stated in printed.getvalue(), (stated, printed.getvalue())
-    if "httpx" in BLOCKS[index]:  # an HTTP example (the others assert on their own)
-        assert stats["admitted"] >= 1  # the example did reach the upstream

@@ -1,4 +1,4 @@
-"""The Redis store itself (docs/design.md §2), against real redis-server processes.
+"""The Redis store itself, against real redis-server processes.
 
 What the conformance suite cannot see from the outside: what lands in Redis
 (hashed keys only, unique members, a TTL on everything, bounded size), what
@@ -632,7 +632,7 @@ def redis_binaries() -> dict[str, str]:
 BINARIES = redis_binaries()
 
 
-# What an uncapped limiter's script needs by EVALSHA (the README's ACL, less the caps'
+# What an uncapped limiter's script needs by EVALSHA (the documented ACL, less the caps'
 # commands and CONFIG GET): nothing more.
 SCRIPT_COMMANDS = [
     *("-@all", "+evalsha", "+script|load", "+ping", "+time", "+get", "+set", "+del"),
@@ -715,7 +715,7 @@ def three_calls_as(server: RedisServer, admin: redis.Redis, user: str) -> dict[s
 
 
 def test_a_user_who_may_not_call_functions_gets_the_script(redis7: RedisServer) -> None:
-    """An ACL written for EVALSHA (the README's list before functions) keeps working."""
+    """An ACL written for EVALSHA (the documented list before functions) keeps working."""
     admin = redis.Redis.from_url(redis7.url)
     admin.flushall()
     script_user(admin, "evalsha-only")
@@ -743,7 +743,8 @@ def test_a_user_who_may_call_but_not_load_functions_calls_the_loaded_library(
 
 
 def test_the_documented_acl_with_its_redis_7_line_runs_functions(redis7: RedisServer) -> None:
-    lines = re.findall(r"^ACL SETUSER .+$", (ROOT / "README.md").read_text(), re.MULTILINE)
+    acl_page = ROOT / "docs" / "operations" / "acl.md"
+    lines = re.findall(r"^ACL SETUSER .+$", acl_page.read_text(), re.MULTILINE)
     assert len(lines) == 2 and lines[1].split()[3:] == ["+fcall", "+function|load"]
     admin = redis.Redis.from_url(redis7.url)
     admin.flushall()
@@ -870,7 +871,7 @@ def test_a_refused_config_get_is_ignored_silently(
     admin = redis.Redis.from_url(own_redis.url)
     admin.config_set("maxmemory", "100mb")
     admin.config_set("maxmemory-policy", "allkeys-lru")
-    # The README's least-privilege user: no CONFIG, as on a managed service.
+    # The documented least-privilege user: no CONFIG, as on a managed service.
     script_user(admin, "throttler")
     url = f"redis://throttler:pw@127.0.0.1:{own_redis.port}/0"
     with caplog.at_level(logging.WARNING, logger="throttle_client"):
@@ -884,7 +885,7 @@ def test_a_refused_config_get_is_ignored_silently(
 @pytest.mark.slow
 def test_a_churn_of_keys_keeps_a_full_noeviction_redis_admitting() -> None:
     """A key per client, per job: rounds of fresh keys, each used a few times, through a
-    limiter of default side data, on a 4 MB Redis under noeviction (the README's advice).
+    limiter of default side data, on a 4 MB Redis under noeviction (the documented advice).
     Every round admits every call, as the first did: nothing of a round outlives its
     keys. (With a usage history kept by default, each key left a hash for two years:
     the store filled and later rounds were refused, OOM.) So that a few rounds show it,

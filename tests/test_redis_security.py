@@ -1,5 +1,5 @@
 """rediss:// against a TLS redis-server with a CA made by the test, and a least-privilege ACL
-user holding exactly the permissions the README documents."""
+user holding exactly the permissions the docs document."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from throttle_client.testing import RedisServer
 # The second tier (pytest -m slow): see pyproject.toml.
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ACL_PAGE = Path(__file__).resolve().parent.parent / "docs" / "operations" / "acl.md"
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,9 @@ def test_a_wrong_ca_is_a_clear_error_never_unavailable(tls_server) -> None:
 
 
 def documented_acl() -> str:
-    """The `ACL SETUSER` line of the README's "When Redis fails" section."""
-    match = re.search(r"^ACL SETUSER .+$", README.read_text(), re.MULTILINE)
-    assert match, "README.md must document the ACL the limiter needs"
+    """The `ACL SETUSER` line of the ACL page of the docs."""
+    match = re.search(r"^ACL SETUSER .+$", ACL_PAGE.read_text(), re.MULTILINE)
+    assert match, "docs/operations/acl.md must document the ACL the limiter needs"
     return match.group(0)
 
 
@@ -116,7 +116,7 @@ def test_the_documented_acl_is_enough(redis_url: str) -> None:
         limiter.backend.close()
         restricted = redis.Redis.from_url(url)
         with pytest.raises(redis.exceptions.NoPermissionError):
-            restricted.keys("tc:*")  # only what the README lists, nothing more
+            restricted.keys("tc:*")  # only what the docs list, nothing more
         restricted.close()
     finally:
         admin.execute_command("ACL", "DELUSER", user)
