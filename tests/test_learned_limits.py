@@ -535,35 +535,6 @@ def test_a_key_forgotten_while_a_call_was_in_flight_counts_everything(
     backend.close()
 
 
-def test_a_sqlite_file_made_before_issue_11_is_brought_up_to_date(tmp_path: Any) -> None:
-    """tc_meta gains ``born`` on open (0: a life begun before any mark), keeping its rows."""
-    import sqlite3
-
-    from throttle_client import SQLiteBackend
-
-    path = tmp_path / "old.db"
-    clock = FakeClock(NOW)
-    with SQLiteBackend(path) as backend:
-        Limiter(backend, rates=["10/minute"], clock=clock, sleep=clock.sleep).acquire("t")
-    db = sqlite3.connect(path)  # as an earlier version left it: no born, no tc_learned
-    db.executescript(
-        "CREATE TABLE m AS SELECT key, last, total, base, pause_until, expires_at FROM tc_meta;"
-        "DROP TABLE tc_meta; DROP TABLE tc_learned;"
-        "CREATE TABLE tc_meta (key TEXT PRIMARY KEY, last INTEGER, total INTEGER NOT NULL,"
-        " base INTEGER NOT NULL, pause_until INTEGER NOT NULL, expires_at INTEGER NOT NULL)"
-        " WITHOUT ROWID;"
-        "INSERT INTO tc_meta SELECT * FROM m; DROP TABLE m;"
-    )
-    db.close()
-    with SQLiteBackend(path) as backend:
-        limiter = Limiter(backend, rates=["10/minute"], clock=clock, sleep=clock.sleep)
-        assert limiter.usage("t").rates[0].used == 1  # its row kept
-        limiter.learn(
-            "t", limiter.acquire("t"), {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}
-        )
-        assert limiter.usage("t").learned is not None
-
-
 def test_an_admission_by_local_fallback_carries_no_mark(own_redis: RedisServer) -> None:
     """A mark is a running total of the store's log: one taken in the fallback's own log
     would mislead a limit learned later in the store, so the fallback is not asked."""

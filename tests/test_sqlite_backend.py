@@ -270,7 +270,232 @@ async def test_async_limiter_runs_it_in_threads(tmp_path: Path) -> None:
     assert (await limiter.acquire(TOKEN)).waited == 1.0
 
 
-# -- paths it cannot use: misconfiguration, never an outage (issue #8 §5) ----------------------
+# -- the file's version: a new file, a file of 0.1 or 0.2, a file of a newer version ---------
+
+# The tables 0.1.0 made (throttle_client/_backends/sqlite.py, _SCHEMA), word for word.
+SCHEMA_0_1 = """
+CREATE TABLE IF NOT EXISTS tc_entries (
+    key TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    cum INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    PRIMARY KEY (key, cum)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_entries_slot ON tc_entries (key, slot, cum);
+CREATE UNIQUE INDEX IF NOT EXISTS tc_entries_call ON tc_entries (key, call_id);
+CREATE TABLE IF NOT EXISTS tc_meta (
+    key TEXT PRIMARY KEY,
+    last INTEGER,
+    total INTEGER NOT NULL,
+    base INTEGER NOT NULL,
+    pause_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    born INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
+CREATE TABLE IF NOT EXISTS tc_holders (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_holders_expiry ON tc_holders (key, expires_at);
+CREATE TABLE IF NOT EXISTS tc_tickets (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    alive_until INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS tc_tickets_number ON tc_tickets (key, number);
+CREATE TABLE IF NOT EXISTS tc_learned (
+    key TEXT PRIMARY KEY,
+    since INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    lim INTEGER NOT NULL,
+    from_cum INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+# The tables 0.2.0 made: the same text as 0.1.0's, unchanged by that release.
+SCHEMA_0_2 = """
+CREATE TABLE IF NOT EXISTS tc_entries (
+    key TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    cum INTEGER NOT NULL,
+    call_id TEXT NOT NULL,
+    PRIMARY KEY (key, cum)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_entries_slot ON tc_entries (key, slot, cum);
+CREATE UNIQUE INDEX IF NOT EXISTS tc_entries_call ON tc_entries (key, call_id);
+CREATE TABLE IF NOT EXISTS tc_meta (
+    key TEXT PRIMARY KEY,
+    last INTEGER,
+    total INTEGER NOT NULL,
+    base INTEGER NOT NULL,
+    pause_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    born INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
+CREATE TABLE IF NOT EXISTS tc_holders (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tc_holders_expiry ON tc_holders (key, expires_at);
+CREATE TABLE IF NOT EXISTS tc_tickets (
+    key TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    alive_until INTEGER NOT NULL,
+    PRIMARY KEY (key, lease_id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS tc_tickets_number ON tc_tickets (key, number);
+CREATE TABLE IF NOT EXISTS tc_learned (
+    key TEXT PRIMARY KEY,
+    since INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    lim INTEGER NOT NULL,
+    from_cum INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+RELEASED = {"0.1.0": SCHEMA_0_1, "0.2.0": SCHEMA_0_2}
+START = 1_750_000_000.0  # the released file's calls, epoch seconds
+
+
+def released_file(path: Path, schema: str) -> str:
+    """A file as a released version left it: its tables, and one key's three calls 1 s
+    apart from START, a learned limit and a lease. Returns the key's store key."""
+    key = Limiter(MemoryBackend(), rates=["5/minute"]).store_key(TOKEN)
+    at = int(START * US)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(schema)
+    db.executemany(
+        "INSERT INTO tc_entries VALUES (?, ?, ?, ?)",
+        [(key, at + n * US, n + 1, f"call-{n}") for n in range(3)],
+    )
+    db.execute(
+        "INSERT INTO tc_meta VALUES (?, ?, 3, 0, 0, ?, ?)", (key, at + 2 * US, at + 3600 * US, at)
+    )
+    db.execute("INSERT INTO tc_learned VALUES (?, ?, ?, 10, 0)", (key, at, at + 60 * US))
+    db.execute("INSERT INTO tc_holders VALUES (?, 'lease-1', ?)", (key, at + 30 * US))
+    db.close()
+    return key
+
+
+def layout(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table and index of the file, with its columns as SQLite reports them."""
+    db = sqlite3.connect(path)
+    names = db.execute("SELECT type, name FROM sqlite_master ORDER BY name").fetchall()
+    found = {
+        f"{kind} {name}": db.execute(
+            f"PRAGMA {'table' if kind == 'table' else 'index'}_xinfo({name})"
+        ).fetchall()
+        for kind, name in names
+    }
+    db.close()
+    return found
+
+
+def user_version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_new_file_gets_the_schema_version(tmp_path: Path) -> None:
+    SQLiteBackend(tmp_path / "new.db").close()
+    assert sqlite_schema.SCHEMA_VERSION >= 1
+    assert user_version(tmp_path / "new.db") == sqlite_schema.SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("release", sorted(RELEASED))
+def test_a_file_of_a_release_is_migrated_and_keeps_its_rows(tmp_path: Path, release: str) -> None:
+    """A file made by 0.1.0 or 0.2.0 (user_version 0) gets the columns and tables they
+    lacked, in one transaction, keeps every row, and reports the current version: the
+    same layout as a new file's."""
+    path = tmp_path / "released.db"
+    key = released_file(path, RELEASED[release])
+    assert user_version(path) == 0
+    clock = FakeClock(START + 3)
+    with SQLiteBackend(path) as backend:
+        limiter = Limiter(backend, rates=["5/minute"], margin=0, clock=clock, sleep=clock.sleep)
+        usage = limiter.usage(TOKEN)
+        assert usage.rates[0].used == 3  # the released file's calls count
+        assert usage.learned is not None and usage.learned.limit == 10
+        assert limiter.acquire(TOKEN).allowed  # and it takes new ones
+    assert user_version(path) == sqlite_schema.SCHEMA_VERSION
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT count(*) FROM tc_entries WHERE key = ?", (key,)).fetchone() == (4,)
+    assert db.execute("SELECT lease_id FROM tc_holders").fetchall() == [("lease-1",)]
+    assert db.execute("SELECT born, trimmed, life FROM tc_meta").fetchall() == [
+        (int(START * US), 0, 0)
+    ]
+    db.close()
+    SQLiteBackend(tmp_path / "new.db").close()
+    assert layout(path) == layout(tmp_path / "new.db")
+    SQLiteBackend(path).close()  # opened again: nothing more to do
+    assert layout(path) == layout(tmp_path / "new.db")
+
+
+def test_processes_opening_a_released_file_together_migrate_it_once(tmp_path: Path) -> None:
+    path = tmp_path / "released.db"
+    released_file(path, SCHEMA_0_2)
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            SQLiteBackend(path, busy_timeout=30).close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert user_version(path) == sqlite_schema.SCHEMA_VERSION
+
+
+def test_a_file_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    SQLiteBackend(path).close()
+    newer = sqlite_schema.SCHEMA_VERSION + 1
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {newer}")
+    db.close()
+    with pytest.raises(BackendError) as refused:
+        SQLiteBackend(path)
+    assert not isinstance(refused.value, BackendUnavailable)  # never an outage
+    message = str(refused.value)
+    assert str(path) in message and "newer version" in message
+    assert f"schema version {newer}" in message
+    assert f"this version reads {sqlite_schema.SCHEMA_VERSION}" in message
+    assert user_version(path) == newer  # left as it was
+
+
+def test_a_file_of_no_released_layout_is_refused(tmp_path: Path) -> None:
+    """user_version 0 and tables no release made (here tc_meta without ``born``): not
+    guessed at, and left as it is."""
+    path = tmp_path / "other.db"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA_0_1.replace(",\n    born INTEGER NOT NULL DEFAULT 0", ""))
+    db.close()
+    before = layout(path)
+    with pytest.raises(BackendError, match="no released version") as refused:
+        SQLiteBackend(path)
+    assert not isinstance(refused.value, BackendUnavailable)
+    assert str(path) in str(refused.value) and "schema version 0" in str(refused.value)
+    assert layout(path) == before and user_version(path) == 0
+
+
+# -- paths it cannot use: misconfiguration, never an outage ----------------------------------
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""The SQLite store: the semantics of docs/design.md §1 for every process on one host, no server.
+"""The SQLite store: the limiter's semantics for every process on one host, no server.
 
 Each operation is one ``BEGIN IMMEDIATE`` transaction that runs ``leases.execute``
 over a view whose every lookup is one indexed query, so processes queue on
@@ -103,6 +103,9 @@ class SQLiteBackend(Backend):
     No server: the zero-setup store for a single box. Each thread of each process
     uses its own connection (opened on first use, and again in a forked child);
     an operation waits up to ``busy_timeout`` seconds for the file's write lock.
+    The file records the version of its layout (``PRAGMA user_version``): a file of 0.1
+    or 0.2 is brought up to date when first opened, and one written by a newer version
+    is refused with a BackendError when the backend is built.
 
     >>> limiter = Limiter(SQLiteBackend("/var/tmp/limits.db"), rates=["10/second"])
     """

@@ -5,12 +5,23 @@ Tables (keys are the limiter's hashed store keys, never an access token)::
 
     tc_entries(key, slot, cum, call_id)   one row per admitted call
     tc_meta(key, last, total, base, pause_until, expires_at, born, trimmed, life)
+        a key's summary of its entries: ``born``, when its running totals began;
+        ``trimmed``, the slot up to which its entries were dropped (0: none); ``life``,
+        how this life of the key began: afresh, at a reset, after a loss (``sliding_log``)
     tc_holders(key, lease_id, expires_at)   a capped key's leases (``leases``)
     tc_tickets(key, lease_id, number, alive_until)   and its queue of waiters
     tc_learned(key, since, until, lim, from_cum)   a limit learned from the upstream
     tc_coarse(key, logs)   its bounded rates' coarse logs, JSON (``coarse.Coarse``)
-    tc_cards, tc_pushback, tc_history   what is kept beside a key (``sqlite_beside``)
+    tc_cards(key, card, expires_at)   its card: label and rules (``_cards``)
+    tc_pushback(key, reason, until, steps, expires_at)   the upstream's recent pushback
+        (``pushback``): the reason for a pause in force, refusals per 10 s step
+    tc_history(key, fields, expires_at)   its usage history, JSON (``history``)
     tc_records(key, value, expires_at)   a namespace's record of its key secret
+
+The file carries the version of this layout in ``PRAGMA user_version``
+(``SCHEMA_VERSION``). Releases 0.1 and 0.2 set none (0) and made the same five tables
+(``RELEASED_TABLES``); the first connection of this version brings such a file up to
+date, and refuses a file of any other layout, or of a newer version (``open_file``).
 """
 
 from __future__ import annotations
@@ -23,6 +34,19 @@ from pathlib import Path
 
 from .._errors import BackendError, BackendUnavailable
 
+# The version of the layout below, kept in the file's PRAGMA user_version. One more for
+# each change of a table, with a migration from the one before in open_file.
+SCHEMA_VERSION = 1
+# The tables of a file made by 0.1.0 or 0.2.0 (user_version 0), and their columns, in order.
+RELEASED_TABLES = {
+    "tc_entries": ("key", "slot", "cum", "call_id"),
+    "tc_meta": ("key", "last", "total", "base", "pause_until", "expires_at", "born"),
+    "tc_holders": ("key", "lease_id", "expires_at"),
+    "tc_tickets": ("key", "lease_id", "number", "alive_until"),
+    "tc_learned": ("key", "since", "until", "lim", "from_cum"),
+}
+OUR_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 3) = 'tc_'"
+# IF NOT EXISTS: a released file's migration runs it too, for the tables it lacks.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tc_entries (
     key TEXT NOT NULL,
@@ -244,40 +268,69 @@ def transaction(db: sqlite3.Connection, begin: str) -> Iterator[None]:
 
 
 def open_file(path: Path, busy_timeout: float) -> sqlite3.Connection:
-    """A connection of this thread to the file, in WAL mode, its tables made (or brought
-    up to this version's)."""
+    """A connection of this thread to the file, in WAL mode, its tables made (a new file)
+    or brought up to ``SCHEMA_VERSION`` (a file of 0.1 or 0.2). Raises BackendError for a
+    file of a newer version, or of a layout no release made."""
     db = sqlite3.connect(
         path,
         timeout=busy_timeout,
         isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
         check_same_thread=False,  # only so close() may close it from any thread
     )
-    use_wal(db, busy_timeout)
-    db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
-    # One statement at a time inside our own transaction (executescript would
-    # commit first): processes that start together create the tables once.
-    with transaction(db, "BEGIN IMMEDIATE"):
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        # A file made before tc_meta had ``born`` gets it: 0, a life begun before
-        # any mark was taken.
-        columns = {row[1] for row in db.execute("PRAGMA table_info(tc_meta)")}
-        if "born" not in columns:
-            db.execute("ALTER TABLE tc_meta ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
-        if "trimmed" not in columns:  # (0: a log that lost nothing)
-            db.execute("ALTER TABLE tc_meta ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0")
-        if "life" not in columns:  # (0: begun afresh, as every key was before)
-            db.execute("ALTER TABLE tc_meta ADD COLUMN life INTEGER NOT NULL DEFAULT 0")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(tc_learned)")}
-        if "from_cum" not in columns:  # (made by an unreleased version: remade)
-            db.execute("DROP TABLE tc_learned")
-            learned = SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS tc_learned") :]
-            db.execute(learned[: learned.index(";")])
-        # Tables that exist already are not written to above: this write of
-        # nothing fails on a file this process cannot write.
-        db.execute("DELETE FROM tc_meta WHERE 0")
+    try:
+        use_wal(db, busy_timeout)
+        db.execute("PRAGMA synchronous = NORMAL")  # safe in WAL; only durability on power loss
+        # One transaction that takes the write lock first: processes that open a new file
+        # together make its tables once, and one migrates a released file while the
+        # others wait, then find it done.
+        with transaction(db, "BEGIN IMMEDIATE"):
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                _bring_up_to_date(db, path, version)
+            # A file already at this version gets no write above: this write of nothing
+            # fails on a file this process cannot write.
+            db.execute("DELETE FROM tc_meta WHERE 0")
+    except BaseException:
+        db.close()
+        raise
     return db
+
+
+def _bring_up_to_date(db: sqlite3.Connection, path: Path, version: int) -> None:
+    """Inside open_file's transaction: make the tables of a new file, or migrate a file of
+    0.1 or 0.2, then set the version; refuse any other file."""
+    if version > SCHEMA_VERSION:
+        raise BackendError(
+            f"SQLite store {str(path)!r} was written by a newer version of throttle_client "
+            f"(schema version {version}; this version reads {SCHEMA_VERSION}): upgrade "
+            "throttle_client, or give this version a file of its own"
+        )
+    tables = {
+        name: tuple(row[1] for row in db.execute(f'PRAGMA table_info("{quoted(name)}")'))
+        for (name,) in db.execute(OUR_TABLES).fetchall()
+    }
+    if version == 0 and tables == RELEASED_TABLES:
+        # 0.1.0 and 0.2.0: tc_meta gains trimmed (0: a log that lost nothing) and life
+        # (0: begun afresh); the tables made below are those they did not have.
+        db.execute("ALTER TABLE tc_meta ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0")
+        db.execute("ALTER TABLE tc_meta ADD COLUMN life INTEGER NOT NULL DEFAULT 0")
+    elif version != 0 or tables:
+        raise BackendError(
+            f"SQLite store {str(path)!r} holds tables of no released version of "
+            f"throttle_client (schema version {version}; this version reads "
+            f"{SCHEMA_VERSION}, and migrates files of 0.1 and 0.2, version 0): give this "
+            "version a file of its own"
+        )
+    # One statement at a time (executescript would commit first).
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def quoted(name: str) -> str:
+    """``name`` for a double-quoted SQL identifier."""
+    return name.replace('"', '""')
 
 
 def use_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
