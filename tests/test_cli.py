@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from throttle_client import Limiter, MemoryBackend, Rate, SQLiteBackend
+from throttle_client import (
+    BackendError,
+    BackendUnavailable,
+    Limiter,
+    MemoryBackend,
+    Rate,
+    SQLiteBackend,
+)
 from throttle_client._keys import SECRET_ENV
 from throttle_client.cli import command, demo, live
 from throttle_client.cli.command import build_parser, main
@@ -225,8 +232,8 @@ def test_unreachable_redis_is_one_line_and_exit_3() -> None:
 
 
 def test_a_store_that_answers_with_an_error_exits_4(tmp_path: Path) -> None:
-    """Not "unreachable" (3, worth trying again later): a file that is no database, and a
-    damaged key, stay as they are until someone mends them."""
+    """Not "unreachable" (3, worth trying again later): a file that is no database, a
+    damaged key, and a file of a newer version stay as they are until someone acts."""
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database, " * 100)
     not_a_db = cli("status", "--sqlite", str(junk), "--rate", "5/second", TOKEN)
@@ -238,12 +245,43 @@ def test_a_store_that_answers_with_an_error_exits_4(tmp_path: Path) -> None:
     )
     db.close()
     damaged = cli("status", "--sqlite", str(path), "--namespace", "crawl", TOKEN)
-    for result in (not_a_db, damaged):
+    newer = tmp_path / "newer.db"
+    SQLiteBackend(newer).close()
+    db = sqlite3.connect(newer, isolation_level=None)
+    db.execute("PRAGMA user_version = 999")
+    db.close()
+    from_newer = cli("top", "--sqlite", str(newer), "--json")
+    for result in (not_a_db, damaged, from_newer):
         assert result.returncode == 4, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert TOKEN not in result.stderr + result.stdout
     assert "not a database" in not_a_db.stderr
     assert f"store key {limiter.store_key(TOKEN)} is damaged" in damaged.stderr
+    assert "newer version" in from_newer.stderr and "schema version 999" in from_newer.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (BackendUnavailable("the store did not answer"), 3),
+        (BackendError("the store answered with an error"), 4),
+        (BackendError("Redis refused this client's configuration (NoPermissionError)"), 4),
+    ],
+)
+def test_exit_3_is_only_for_a_store_that_could_not_be_reached(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: Exception,
+    status: int,
+) -> None:  # fmt: skip
+    """Every command: 3 for BackendUnavailable alone, 4 for any other BackendError."""
+
+    def fails(args: object) -> int:
+        raise error
+
+    for name in command.COMMANDS:
+        monkeypatch.setitem(command.COMMANDS, name, fails)
+    for args in (["status", "--sqlite", "x.db", TOKEN], ["top", "--redis", "redis://x"]):
+        assert main(args) == status
+        assert capsys.readouterr().err.strip().endswith(str(error))
 
 
 def seed(path: Path) -> Limiter:
@@ -316,32 +354,24 @@ def test_status_tells_used_from_booked(tmp_path: Path) -> None:
     assert "used 10, booked 20, remaining 0, a call can go in 1" in text
 
 
-def test_the_readme_synopsis_says_which_options_are_required() -> None:
-    """An option the README shows in [brackets] is optional; any other is required, on
-    its own or as one of a required group such as (--redis URL | --sqlite PATH)."""
-    block = re.search(r"### The command\n\n```bash\n(.*?)```", README.read_text(), re.S)
-    assert block is not None
-    commands = next(
-        action.choices
-        for action in build_parser()._actions
-        if isinstance(action, argparse._SubParsersAction)
-    )
-    for line in block[1].splitlines():
-        name = line.split()[1]
-        parser = commands[name]
-        depth, shown = 0, {}
-        for token in re.findall(r"\[|\]|--[a-z-]+", line):
-            if token in "[]":
-                depth += 1 if token == "[" else -1
-            else:
-                shown.setdefault(token, depth > 0)  # its first mention says
-        for option, optional in shown.items():
-            action = parser._option_string_actions[option]
-            required = action.required or any(
-                group.required and action in group._group_actions
-                for group in parser._mutually_exclusive_groups
-            )
-            assert required is not optional, f"README: {name} {option}"
+def test_every_command_the_docs_show_is_one_the_command_takes() -> None:
+    """Each ``throttle-client ...`` line in a bash block of the README or the site parses:
+    no option the docs name is missing, misspelt or given without its value."""
+    root = README.parent
+    shown = []
+    for page in [README, *sorted((root / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.splitlines():
+                words = shlex.split(line.partition("  #")[0])
+                if words[:1] == ["throttle-client"] and len(words) > 1:
+                    shown.append((page.name, words[1:]))
+    assert len(shown) >= 3
+    parser = build_parser()
+    for page, words in shown:
+        try:
+            parser.parse_args(words)
+        except SystemExit:
+            pytest.fail(f"{page}: throttle-client {' '.join(words)} does not parse")
 
 
 def test_status_and_reset_find_a_tagged_key_by_its_tag(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from . import demo as _demo
 from . import top as _top
 
 PROG = "throttle-client"
-# Where the library reads its key secret when none is given (README, "Tokens are
-# secrets"): status and reset hash keys with it, as every worker's limiter does.
+# Where the library reads its key secret when none is given (docs/concepts.md, "Keys and
+# hashing"): status and reset hash keys with it, as every worker's limiter does.
 SECRET_ENV = "THROTTLE_CLIENT_KEY_SECRET"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_STORE_ERROR = 0, 1, 2, 3, 4
 
@@ -202,9 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the keys in use, nearest their limits first, redrawn live",
         description="The keys in use in a store, nearest their limits first: label, per rate "
         "used + booked of the limit, calls booked ahead, a pause in force, in-flight calls of "
-        "a capped key. It reads each key's card (kept in the store beside the key by the "
-        "limiters that use it) with SCAN in steps of bounded cost, never KEYS, on a Redis "
-        "Cluster too, and changes nothing.",
+        "a capped key. It reads each key's card (the record of its label and rules that the "
+        "limiters using it keep in the store beside the key) with SCAN in steps of bounded "
+        "cost, never KEYS, on a Redis Cluster too, and changes nothing.",
     )
     _store_arguments(top)
     top.add_argument("--namespace", help="only the keys of this namespace (default: all)")
@@ -266,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 metavar="RATE",
                 help="the limiter's rates, repeatable, e.g. '5000/hour' (by default those "
-                "of the key's card, which its limiters keep in the store)",
+                "of the key's card: the record of its label and rules that its limiters "
+                "keep in the store beside it)",
             )
             sub.add_argument(
                 "--min-interval",

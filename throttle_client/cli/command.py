@@ -40,8 +40,9 @@ from .arguments import (
 from .status import cmd_history, cmd_reset, cmd_status
 from .watch import cmd_demo, cmd_top
 
-# What others read of the command: its entry point, its parser (the README's synopsis is
-# checked against it) and the variable that holds the key secret it hashes keys with.
+# What others read of the command: its entry point, its parser (every command line the
+# docs show is checked against it) and the variable that holds the key secret it hashes
+# keys with.
 __all__ = ["COMMANDS", "SECRET_ENV", "build_parser", "main"]
 
 COMMANDS = {
