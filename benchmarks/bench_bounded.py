@@ -1,7 +1,7 @@
 """Huge quotas: Redis memory per key and server time per decision, exact and bounded.
 
-The target for bounded rates (docs/design.md §7): with ``Rate(..., bounded=True)`` a
-key's memory is bounded whatever the limit (<= 2 KB for ``70000/day`` or
+The aim of bounded rates: with ``Rate(..., bounded=True)`` a key's memory is bounded
+whatever the limit (<= 2 KB for ``70000/day`` or
 ``1000000/month``), where a sliding-window log holds one entry per call of the window.
 Starts its own redis-server on a free loopback port and fills one key per candidate,
 then reads ``MEMORY USAGE`` over every key written and the script's server time (``INFO

@@ -9,8 +9,8 @@ CPU frequency, the log growing) hits every candidate alike:
   tc history     the same with ``history=True``: what counting each call per hour, day
                  and month (opt-in) costs is the difference
   tc 2 rates+gap ``try_acquire`` held to 10**9/hour and 10**9/second and a 1 µs gap:
-                 the lean core's decision (the second's window reaches past the oldest entry,
-                 so one lookup per call)
+                 the plain decision of two rates (the second's window reaches past the
+                 oldest entry, so one lookup per call)
   tc refused     ``try_acquire`` on a spent key (1/hour): the refusal path
   tc acquire     ``Limiter.acquire``, admitted at once (no sleep)
   tc stacked     ``try_acquire`` charged to a token and its account at once (``also=``):

@@ -1,10 +1,10 @@
 """Many tokens at 5000/hour: Redis memory, decisions per second and p99, beside two peers.
 
-The baseline measurement. Starts its own
-redis-server on a free loopback port (never a shared one; ``--maxmemory 1536mb``, so a
-run that overshoots fails instead of swapping the machine) and, for each library in
-turn (FLUSHALL between them), runs two phases with worker processes (2 by default)
-that make one decision per call, pipeline-free, as a worker serving requests would:
+Starts its own redis-server on a free loopback port (never a shared one; ``--maxmemory
+1536mb``, so a run that overshoots fails instead of swapping the machine) and, for each
+library in turn (FLUSHALL between them), runs two phases with worker processes (2 by
+default) that make one decision per call, pipeline-free, as a worker serving requests
+would:
 
   fleet  ``--tokens`` tokens (100,000), each called ``--calls-per-key`` times (2):
          round-robin passes over the tokens, each worker over its own half, so the
@@ -15,9 +15,10 @@ that make one decision per call, pipeline-free, as a worker serving requests wou
 
 The rate is 5000/hour scaled in time: 5000 per ``3600 / --scale`` seconds (50x: 5000
 per 72 s), so that a full window's log (5000 entries) is reached in a second or two,
-not in an hour, while the fleet phase (~20-40 s per library here) still ends inside one
-window: nothing ages out before memory is read. (100x, 36 s, was the first choice: the
-fleet phases of throttle_client and pyrate took 35-38 s, longer than the window.)
+not in an hour, while the fleet phase (~20-40 s per library on 2 cores) still ends
+inside one window: nothing ages out before memory is read. (At 100x, a window of 36 s,
+the fleet phases of throttle_client and pyrate take 35-38 s on 2 cores: longer than the
+window.)
 
 Each library is driven the way its documentation shows (W = the scaled window):
 
@@ -46,13 +47,13 @@ the workers are connected and idle, before and after the phase) and that delta p
 token and per logged (admitted) call; then the memory of 100,000 tokens each at a
 full window (100,000 x 5000 calls), extrapolated from the full phase's bytes per token.
 
-Adapted from the issue's design, and why:
+What it leaves out, and why:
 
 - Not 100,000 tokens x 5000 calls: that is 500M log entries (over 100 GB for
   throttle_client). The fleet phase keeps all 100,000 tokens with a short log; the full
   phase gives the per-token cost of a full window; the product is extrapolated.
-- Not 20 calls per token by default: at ~9000 decisions/s (2 workers on this 2-core
-  VM) 100,000 x 20 calls takes ~4 minutes per library. 2 calls take ~25 s, so the
+- Not 20 calls per token by default: at ~9000 decisions/s (2 workers on 2 cores)
+  100,000 x 20 calls takes ~4 minutes per library. 2 calls take ~25 s, so the
   three libraries run in ~2.5 minutes; ``--calls-per-key 20`` runs the larger fleet.
 - Short logs understate a full log's bytes per call: Redis keeps a sorted set of up
   to 128 members as one compact listpack, past that as a skiplist (about 3x the bytes

@@ -1,4 +1,4 @@
-"""Memory per logged call of sorted-set layouts a log could use (the lean core's plan).
+"""Memory per logged call of sorted-set layouts a log could use.
 
 Starts its own redis-server (``/usr/bin/redis-server`` on port 7555: pass another as
 the first argument) and prints ``MEMORY USAGE`` per call for 5000 entries per layout.

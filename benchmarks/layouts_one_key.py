@@ -1,6 +1,6 @@
 """A key's log and its state in one key or in two: the store's cost of each, measured.
 
-Today a key is two: L, the log (a sorted set), and M, its state (a string of msgpack),
+The script keeps a key in two: L, the log (a sorted set), and M, its state (msgpack),
 given one TTL together. Two keys can come apart (one evicted, one expired first, one
 lost in a failover), which is why every decision checks L's newest entry against M.
 One key cannot: M would be a member of L itself, scored below every slot (-1), read

@@ -1,9 +1,10 @@
-"""Redis server time per admitted decision: our script beside the floors of its layout.
+"""Redis server time per admitted decision: the script beside the floors of its layout.
 
-docs/design.md §7 asks for the server time of a decision (two rates and a gap) to be no
-more than limits' moving window, or for the floor of each layout tried to be recorded.
-This starts its own redis-server and measures, one candidate at a time, ``INFO
-commandstats``' time per call of the script (which includes the commands it runs):
+The aim: the server time of a decision (two rates and a gap) no more than limits' moving
+window; where it is more, the floor of the layout shows how much of it any script of
+that layout must spend. This starts its own redis-server and measures, one candidate at
+a time, ``INFO commandstats``' time per call of the script (which includes the commands
+it runs):
 
   bare EVALSHA        ``return 1``: what any script costs
   floor, 1 member     straight-line Lua doing only what an admission in the one-member
@@ -11,7 +12,7 @@ commandstats``' time per call of the script (which includes the commands it runs
                       member, SET (meta), msgpack in and out, and the reply; no decision
   floor, + id         the same, the ZADD adding the call id beside the entry
   floor, + lookup     the same, plus the one lookup a second, shorter rate costs
-  floor, batch of 8   the batching target's floor: eight admissions of one key in one
+  floor, batch of 8   a batch's floor: eight admissions of one key in one
                       script call (TIME, GET, EXISTS once; one ZADD of eight entries and
                       their ids; one SET; eight replies), per admission
   throttle_client     the real script (FCALL on Redis 7): 10**9/hour and 10**9/second

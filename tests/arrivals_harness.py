@@ -393,9 +393,9 @@ class Outcome:
     waking: tuple[float, ...]  # the limiter let the call go, after its slot
     preparing: tuple[float, ...]  # the inner transport began to send, after that
     in_flight: tuple[float, ...]  # the upstream stamped the arrival, after that
-    # What the limiter promises (docs/design.md §2, "Arrivals"): a request that leaves
-    # within the margin of its slot, and arrives within it, never crowds a window or the
-    # gap as the upstream counts them. A request the limiter let go in time, but that
+    # What the limiter promises (docs/concepts.md, "Slots and arrivals"): a request that
+    # leaves within the margin of its slot, and arrives within it, never crowds a window or
+    # the gap as the upstream counts them. A request the limiter let go in time, but that
     # reached the upstream later than its slot plus the margin (the machine stalled it
     # between the limiter and the upstream), is outside that promise: ``stalled``. The
     # windows and the gap are judged again with each stalled arrival put back at its

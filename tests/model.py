@@ -1,4 +1,4 @@
-"""A naive reference model of docs/design.md §1, for the property tests.
+"""A naive reference model of the limiter's semantics, for the property tests.
 
 Deliberately the slowest obvious reading of the spec: every admitted call is kept
 forever in a plain list of (time, cost), every window sum is a brute-force sum, and
@@ -408,7 +408,7 @@ class StackedModel:
 @dataclass
 class CapModel:
     """Concurrency caps as a list of holders and a list of tickets per key, done the
-    plainest way (docs/design.md §1, "Concurrency caps"); rates and gaps come from a
+    plainest way; rates and gaps come from a
     :class:`StackedModel`. A call is admitted when it holds, or may take, room under
     every cap and the rates allow its slot; else it waits in ticket order, or, if it
     may not wait, is refused with nothing written."""

@@ -18,8 +18,8 @@ its own process) counts arrivals with tolerance 0. What must hold, each run judg
   request in a window or gap it was refused for. A call the limiter let go late is
   never excused.
 
-On the old code (no margin: slots exactly on the quota) arrivals crowd the windows and
-the gap: a request leaves a little after its slot, by a delay that varies.
+Without a margin (slots exactly on the quota) arrivals would crowd the windows and the
+gap: a request leaves a little after its slot, by a delay that varies.
 """
 
 from __future__ import annotations

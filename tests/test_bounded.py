@@ -213,8 +213,8 @@ def _redis_bytes(url: str, limiter: Limiter, key: str) -> int:
 def test_a_bounded_key_holds_under_2_kb_in_redis(
     redis_url: str, rate: Rate, seconds: float
 ) -> None:
-    """3000 calls spread over more than one window (so trims run), on the limit of
-    docs/design.md §7's target: the key's log and meta stay under 2 KB all along."""
+    """3000 calls spread over more than one window (so trims run), at the limit: the
+    key's log and meta stay under 2 KB all along."""
     clock = FakeClock()
     with RedisBackend(redis_url) as backend:
         limiter = Limiter(backend, rates=[rate], clock=clock, sleep=clock.sleep)

@@ -31,9 +31,9 @@ WORKERS = 8
 DURATION = 3.0  # seconds of demand
 # Seconds the upstream takes over each request: an API call's, not a ping's. Each hand-off
 # of a slot leaves it empty for a few ms (the holder's response read and closed, its
-# release, the waiter woken and its request sent: ~3 ms measured here, on 2 CPUs shared
-# by 8 worker processes), so the cap is full 1 - cap * 3 ms / HANDLING of the time: 97 %
-# at 0.5 s, 94 % at 0.2 s, 55 % at 0.02 s (README, "Numbers"). At 1 s, ~98 %: far
+# release, the waiter woken and its request sent: ~3 ms with 2 CPUs shared by 8 worker
+# processes), so the cap is full 1 - cap * 3 ms / HANDLING of the time: 97 % at 0.5 s,
+# 94 % at 0.2 s, 55 % at 0.02 s. At 1 s, ~98 %: far
 # enough from 95 % that a loaded machine does not fail the test for its own slowness.
 HANDLING = 1.0
 RATES = ["100000/second"]  # never binds: the caps do

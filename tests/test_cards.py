@@ -228,7 +228,8 @@ def test_cards_ride_in_batches_of_many_tasks(where: str, request: pytest.Fixture
     async def main() -> list[bool]:
         backend = AsyncRedisBackend(url, cluster=where == "cluster")
         # margin=0: on a loaded machine an answer may come later than the margin, and a
-        # try_acquire's call would then book again and be refused (README: the exception).
+        # try_acquire's call would then hear back too late and be refused (docs/concepts.md,
+        # "The margin").
         limiter = AsyncLimiter(
             backend, rates="3/minute", namespace="batch", label=account, margin=0
         )

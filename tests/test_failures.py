@@ -1,4 +1,4 @@
-"""docs/design.md §4 with real redis-server processes: kill -9, SIGSTOP, SCRIPT FLUSH, failover.
+"""When the store fails, with real redis-server processes: kill -9, SIGSTOP, SCRIPT FLUSH, failover.
 
 Every server here belongs to the test that started it, so it can be killed freely.
 """
@@ -82,7 +82,7 @@ def test_raise_policy_then_recovery_without_restart(
     with pytest.raises(BackendUnavailable):
         limiter.try_acquire("token")
     own_redis.start()  # same port, empty dataset
-    # README, "When Redis fails": calls succeed again within 2 s of a restart.
+    # docs/operations/redis-failures.md: calls succeed again within 2 s of a restart.
     waited = seconds_until_the_store_answers(limiter, "token")
     assert waited <= 2.0, waited
     assert limiter.try_acquire("another token").allowed
@@ -346,7 +346,7 @@ def test_a_limiter_that_met_an_outage_is_freed_at_once(own_redis: RedisServer, p
 
 # -- a client the user built with redis-py's defaults ------------------------------------
 
-# README, "When Redis fails": a call during an outage ends within min(timeout, retry_for)
+# docs/operations/redis-failures.md: a call during an outage ends within min(timeout, retry_for)
 # plus one socket timeout (1 s); calls succeed again within 2 s of a restart or SIGCONT.
 SOCKET_TIMEOUT = 1.0
 SLACK = 0.5  # a loaded 2-core machine

@@ -123,7 +123,7 @@ def run_workers(
 def quickest_span(count: int) -> float:
     """The shortest time from first to last of ``count`` calls the limiter allows: full
     windows (widened by the margin) back to back, each window's calls ``GAP`` (+ margin)
-    apart. What the margin costs against the bare quota is stated in the README."""
+    apart. What the margin costs against the bare quota: docs/concepts.md, "The margin"."""
     windows, rest = divmod(count - 1, RATE.limit)
     return windows * (RATE.period + MARGIN) + rest * (GAP + MARGIN)
 

@@ -1,4 +1,4 @@
-"""Limits learned from the upstream, across a fleet of processes (docs/design.md §1).
+"""Limits learned from the upstream, across a fleet of processes.
 
 Worker processes send requests as fast as their limiter lets them, through
 ``ThrottledClient`` on limiters that share one Redis store, to ``QuotaUpstream``: a

@@ -423,7 +423,7 @@ def test_the_decorator_holds_a_lease_while_the_function_runs() -> None:
     assert counted.peak == 2
 
 
-# -- regressions found in review -----------------------------------------------------------
+# -- leases at the edges: a renewal crossing a release, the fallback, no subscription ------
 
 
 def test_a_renewal_that_crosses_the_release_does_not_hold_the_lease_again() -> None:

@@ -1,4 +1,5 @@
-"""The conformance suite: docs/design.md §1, written once, run on every backend, sync and async.
+"""The conformance suite: the limiter's semantics, written once, run on every backend,
+sync and async.
 
 ``make_limiter`` builds a limiter over each backend with a FakeClock (Redis follows
 it through the script's test-only time argument), so every expectation below is an

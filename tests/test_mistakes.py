@@ -34,8 +34,9 @@ from .delay_proxy import DelayProxy
 
 
 def test_a_blocking_limiter_in_an_event_loop_is_refused_before_it_books() -> None:
-    """``await limiter.acquire()`` on a sync Limiter used to book a slot, then fail on
-    the await; a plain sync call in a coroutine stalled the whole loop while it slept."""
+    """``await limiter.acquire()`` on a sync Limiter is refused before it books a slot
+    (it would fail only on the await); so is a plain sync call in a coroutine, which
+    would stall the whole loop while it slept."""
     limiter = Limiter(MemoryBackend(), rates=["1/second"])
 
     async def misuse() -> list[str]:

@@ -1,4 +1,4 @@
-"""Every backend (memory, SQLite, Redis) and the naive model of docs/design.md §1 must agree.
+"""Every backend (memory, SQLite, Redis) and the naive model (tests/model.py) must agree.
 
 Random sequences of clock moves and operations on a few keys are run against all
 of them; every answer is compared in whole microseconds. The clock is driven in
@@ -430,7 +430,7 @@ def test_model_and_every_backend_agree(redis_url: str, tmp_path: Path) -> None:
 
 
 def test_model_follows_the_design_on_a_worked_example() -> None:
-    """The model itself, against numbers worked out by hand from docs/design.md §1."""
+    """The model itself, against numbers worked out by hand from the semantics."""
     model = Model([(2, 1_000_000), (3, 10_000_000)], min_interval=100_000)
     assert model.acquire("k", 0, max_wait=0).slot == 0
     assert model.acquire("k", 0, max_wait=0).retry_after == 100_000  # the gap

@@ -1,4 +1,4 @@
-"""Partial, foreign or damaged state heals, never wedges a key (issue #8 §3).
+"""Partial, foreign or damaged state heals, never wedges a key.
 
 A key lives in two parts: its entries (Redis: the log zset; SQLite: tc_entries rows)
 and their summary (Redis: the meta string; SQLite: the tc_meta row). Either can be
@@ -244,10 +244,9 @@ class Run:
 
 
 def test_a_lost_log_never_wedges_the_key(store: Store, repairs: Callable[[int], list[str]]) -> None:
-    """The issue's case: 5000/hour, the window full, the log gone and the meta kept.
-    Before the repair every call failed with 'user_script:102: attempt to perform
-    arithmetic on field '?'' for the meta's TTL (SQLite: a TypeError); now the lost
-    units all count at the newest slot, so the next call waits one period from it."""
+    """5000/hour, the window full, the log gone and the meta kept: the lost units all
+    count at the newest slot, so the next call waits one period from it (no call fails
+    on the meta's TTL)."""
     run = Run(store.backend, rates=[Rate(5000, 3600)], gap=60)
     for _ in range(5):
         run.acquire(cost=1000)  # 5000 units, one a minute: the hour is full
@@ -422,9 +421,9 @@ def test_one_part_expiring_alone_is_repaired(
 
 
 def test_two_clocks_apart_never_let_the_log_expire_first(redis_url: str) -> None:
-    """Two workers whose injected clocks differ by 10 s wrote one key: the meta used to
-    get a TTL 10 s longer than the log's, so the log expired first and the key failed
-    for those 10 s. Both parts now take their TTL together."""
+    """Two workers whose injected clocks differ by 10 s wrote one key: both parts take
+    their TTL together, so the log never expires before the meta (and the key never fails
+    for the 10 s between)."""
     store = RedisStore(redis_url, cluster=False)
     ahead, behind = FakeClock(1_700_000_010.0), FakeClock(1_700_000_000.0)
     limiters = [

@@ -1,4 +1,4 @@
-"""Rate: the three spellings of docs/design.md §1 and how a limiter accepts them."""
+"""Rate: its three spellings and how a limiter accepts them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every driver error is classified on purpose (issue #8 §4): an outage, where the policy
+"""Every driver error is classified on purpose: an outage, where the policy
 applies, or a misconfiguration / store error, which is never failed open.
 
 The table is checked row by row with redis-py's own exception classes; the cases

@@ -1,4 +1,4 @@
-"""Any number of tasks or threads on one limiter (issue #8 §2): pool exhaustion is never
+"""Any number of tasks or threads on one limiter: pool exhaustion is never
 an outage, under every failure policy, for URL-built and user-built clients.
 
 Every call books a slot at one fixed moment (an injected clock that never moves, and a

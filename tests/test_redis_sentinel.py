@@ -1,4 +1,4 @@
-"""Sentinel for real (issue #8 §7): a master, a replica and three sentinels; the master
+"""Sentinel for real: a master, a replica and three sentinels; the master
 is killed under load from several processes. Calls resume once the sentinels have
 promoted the replica, and the slots handed out before, during and after the failover
 never crowd a window beyond the limit.

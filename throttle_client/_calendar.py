@@ -174,5 +174,5 @@ def _change_between(low: int, high: int, zone: ZoneInfo) -> int:
 
 
 # How many windows a decision is given after the one holding a time it is about: a
-# slot up to two whole windows further on needs no second round trip (docs/design.md).
+# slot up to two whole windows further on needs no second round trip.
 AHEAD = 3

@@ -16,7 +16,7 @@ from typing import TypeVar
 import tenacity
 
 from ._backends.base import Op, Snapshot, Verdict
-from ._backends.batching import GivenUp
+from ._backends.batching import NotSent
 from ._core import LimiterCore
 from ._errors import BackendError, BackendUnavailable, shed_frames
 from ._events import FALLBACK, STORE_ERROR
@@ -93,9 +93,9 @@ def _retry_flow(
     """The retries of ``op``, whose first attempt (begun at ``started``) failed: as
     tenacity's ``iter()`` decides, attempt by attempt. Raises the last failure."""
     # An operation failed with a call ahead of it that found the store down waited on
-    # the store as long as that call did (GivenUp.waited): its retries count that too,
+    # the store as long as that call did (NotSent.waited): its retries count that too,
     # so a hung store holds it one socket timeout, not two.
-    spent = max(now - started, first.waited if isinstance(first, GivenUp) else 0.0)
+    spent = max(now - started, first.waited if isinstance(first, NotSent) else 0.0)
     decider = core._guard.retrying(op, spent)
     if decider is None:
         raise first

@@ -78,10 +78,12 @@ def _reads_back(text: str, rate: Rate) -> bool:
 
 @dataclass(frozen=True)
 class Card:
-    """A key's card: what the store keeps beside a key for operators (as JSON), written
-    by the decisions of the limiters that use it: the key's ``label`` (``label=``; None
-    when they give none), their ``namespace`` and their rules. ``Backend.cards()`` and
-    ``Backend.all_cards()`` read the JSON, ``Card.parse`` reads a card from it."""
+    """A key's card: a small record (JSON) that the limiters using a key write into the
+    store beside it, with their decisions, so that an operator (``throttle-client status``
+    and ``top``) can tell what a hashed key is and how it is limited. It holds the key's
+    ``label`` (``label=``; None when they give none), their ``namespace`` and their rules.
+    ``Backend.cards()`` and ``Backend.all_cards()`` read the JSON, ``Card.parse`` reads a
+    card from it."""
 
     label: str | None
     namespace: str

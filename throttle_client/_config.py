@@ -39,7 +39,7 @@ def us_to_seconds(us: int) -> float:
 
 
 # How much later than its slot a request may leave, by default (seconds): see ``margin``
-# in Limiter and the measurements behind this number in benchmarks/README.md.
+# in Limiter and the measurements behind this number in docs/benchmarks.md.
 DEFAULT_MARGIN = 0.025
 # How long a lease lives unless renewed (seconds): a worker killed with kill -9 frees its
 # slots within this; the living renew theirs every third of it (Redisson's watchdog

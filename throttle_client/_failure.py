@@ -1,4 +1,4 @@
-"""What a limiter does when its store fails (docs/design.md §4).
+"""What a limiter does when its store fails.
 
 First, a store error that may pass (a refused or broken connection, a timeout, a
 cluster failover) is retried briefly with tenacity, never past the call's own

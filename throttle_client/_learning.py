@@ -1,10 +1,12 @@
-"""Limits learned from the upstream, written once for both worlds (docs/design.md §1,
-"Limits learned from the upstream").
+"""Limits learned from the upstream, written once for both worlds.
 
 A response's quota headers say how many calls the upstream still allows until its
 reset. A view stricter than the limiter's rates becomes the key's learned limit in the
 store, for every worker, until that reset (``max_pause`` at most); a looser one is
-only reported. The limiter keeps the last view read per key for ``usage().upstream``.
+only reported. The limit counts from the answered call's *mark*: the key's running total
+(every unit its log admitted since the key began) up to that call's slot less the
+margin, which the store reports when it admits the call (``Decision._mark``). The limiter
+keeps the last view read per key for ``usage().upstream``.
 """
 
 from __future__ import annotations

@@ -59,8 +59,9 @@ class Limiter(LimiterCore):
     living holders renew theirs every third of it.
 
     ``label``: a function of a key giving what operators see instead of it ("account
-    42"): in events, metrics, logs, and the card the store keeps beside the key, which
-    ``throttle-client status`` and ``top`` read. At most 64 printable characters, never
+    42"): in events, metrics, logs, and the key's card (:class:`~throttle_client.Card`:
+    the record of its label and the limiter's rules that the store keeps beside the key),
+    which ``throttle-client status`` and ``top`` read. At most 64 printable characters, never
     the key itself. By default a key shows as the first 8 characters of its keyed hash.
 
     ``history``: count each key's calls per hour, day and month in the store

@@ -1,9 +1,15 @@
 """The valid range of every number a limiter accepts: decided once, the same on every store.
 
-Every store counts in whole microseconds since the epoch. The Redis script does its
-arithmetic in Lua numbers (doubles), exact only below 2**53 µs (the year 2255);
-SQLite keeps signed 64-bit integers. The bounds below keep every number a store
-ever computes far inside both, while leaving any real quota room to spare:
+Every store counts in whole microseconds since the epoch. SQLite keeps signed 64-bit
+integers. The Redis script runs on Lua 5.1, whose only numbers are doubles: they hold
+every whole number up to 2**53 exactly, and the script refuses a time, cost, limit or
+period it is given that is not a whole number below 2**53. Its arithmetic is sums,
+differences, small multiples and floored divisions of such numbers. With the bounds
+below, the largest it computes is a time 30 years ahead (``now + 3 * FAR_AHEAD_US``, a
+check on a stored expiry: about 2**51.3 µs in 2026, below 2**53 until about 2225), and
+a running total stays below ``MAX_TOTAL`` (2**48) plus one cost (at most 2**40), so
+every result is exact. The bounds keep every number far inside both stores' ranges,
+while leaving any real quota room to spare:
 
 - a limit (so a cost, which never exceeds a limit) is at most ``MAX_LIMIT`` units;
 - a period, the minimum interval and a pause are at most ``MAX_SECONDS`` (10 years),

@@ -86,8 +86,8 @@ class Rate:
     rate); ``period`` is then its nominal
     length (a month counts as 30.44 days there), for display only.
 
-    ``bounded=True`` keeps the key's memory for this rate bounded whatever the limit
-    (docs/design.md §1, "Bounded rates"): the store counts it by bucket, not by call. A
+    ``bounded=True`` keeps the key's memory for this rate bounded whatever the limit:
+    the store counts it by bucket, not by call. A
     calendar rate is then counted per window, exactly as before; a sliding rate counts
     each bucket (``buckets`` per period, from 2 to 1000, 60 unless told) until the
     bucket's last moment leaves the window, so it never admits more than the limit in

@@ -1,9 +1,12 @@
 """The backend contract: what a limiter asks of a store, and what comes back.
 
-A store answers the operations of :mod:`.ops` (:class:`Acquire`, :class:`AcquireAll` for
-several keys at once, :class:`Inspect`, :class:`Pause`, :class:`Reset`, and those of
-leases, learned limits and usage history) with exactly the semantics of docs/design.md
-§1, each in one atomic step, and answers with :mod:`.answers`. A blocking store
+A store runs every operation of :mod:`.ops` in one atomic step and replies with
+:mod:`.answers`: those of the plain decision (:class:`Acquire`, :class:`Inspect`,
+:class:`Pause`, :class:`Reset`), then those of the features it keeps (``FEATURES``):
+:class:`AcquireAll` (one call charged to several keys), :class:`AcquireAny` (the
+earliest slot among a pool's keys), :class:`Release` and :class:`Renew` (leases),
+:class:`Learn` (learned limits), :class:`ReadHistory` (usage history) and
+:class:`Fingerprint` (a namespace's record of its key secret). A blocking store
 subclasses :class:`Backend` (``execute``/``close``), an asyncio one
 :class:`AsyncBackend` (``aexecute``/``aclose``): the two worlds have distinct
 method names, so a limiter tells them apart by type, never by inspecting methods.
@@ -166,19 +169,23 @@ class Backend(abc.ABC):
         self.execute(Reset(key=_checked(store_key)))
 
     def cards(self, store_keys: Sequence[str]) -> dict[str, str]:
-        """The cards kept beside these keys (``_cards``): store key -> card, for the keys
-        that have one."""
+        """The cards kept beside these keys: store key -> card (JSON), for the keys that
+        have one. A key's card is the record its limiters write into the store beside it
+        (its label, their namespace and rules: :class:`~throttle_client.Card`), so that an
+        operator can see what a hashed key is and how it is limited."""
         raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
 
     def all_cards(self, namespace: str | None = None) -> Iterator[tuple[str, str]]:
-        """Every key's card in the store (store key, card), of ``namespace`` or of any,
-        read in steps of bounded cost, in no order; a key written meanwhile may be
-        missed or given twice."""
+        """Every key's card in the store (store key, card; see :meth:`cards`), of
+        ``namespace`` or of any, read in steps of bounded cost, in no order; a key
+        written meanwhile may be missed or given twice."""
         raise NotImplementedError(f"{type(self).__name__} keeps no cards of its keys")
 
     def pushback(self, store_keys: Sequence[str]) -> dict[str, Pushback]:
         """The pushback of these keys (:class:`Pushback`), for those that have any in
-        force: a pause a transport set, or refusals in the last minute."""
+        force. A key's pushback is what the upstream recently told the throttled clients
+        about it: the reason for a pause one of them set (the header, or a backoff) and
+        the requests it refused (429) in the last minute."""
         raise NotImplementedError(f"{type(self).__name__} keeps no pushback of its keys")
 
     def ping(self) -> None:
@@ -196,9 +203,10 @@ class Backend(abc.ABC):
 
     @functools.cached_property
     def doorbell(self) -> Doorbell:
-        """How this process's waiters for a capped key hear that they were granted a
-        lease (see ``doorbell``). A store that never rings it still works: its waiters
-        look again on their own, later."""
+        """The doorbell: how this process's calls waiting for room under a concurrency
+        cap (``max_concurrent``) hear, without polling, that the store granted them a
+        lease; the store rings it with the granted lease's id. A store that never rings
+        it still works: its waiters look again on their own, later."""
         return Doorbell()
 
     def check_together(self, store_keys: list[str]) -> None:  # noqa: B027 (most fit all)

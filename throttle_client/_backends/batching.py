@@ -19,7 +19,7 @@ asyncio future). The bookkeeping is under a lock in both: uncontended under asyn
   id: an attempt that did book is found, never booked twice). When the call failed as
   unavailable, the operations queued behind it fail with it at once, instead of each
   round of the queue waiting out a dead socket: a hung store costs the queue one
-  socket timeout. Their error (``GivenUp``) says how long that call waited on the
+  socket timeout. Their error (``NotSent``) says how long that call waited on the
   store, which their retries count as spent: they waited on it too.
 - **Cancellation.** A task cancelled while it waits leaves the queue (one already
   taken into a call still goes: a slot booked and unused, never over-use), or passes
@@ -80,7 +80,7 @@ class _Entry:
         return self.outcome
 
 
-class GivenUp(BackendUnavailable):
+class NotSent(BackendUnavailable):
     """An operation not sent: a call ahead of it found the store unavailable after
     waiting ``waited`` seconds on it (real time), while this one waited for a place."""
 
@@ -252,7 +252,7 @@ class Batcher(Generic[S]):
         with self._lock:
             entry.opening = False
             if failure is not None:
-                if entry.state == _QUEUED:  # the call was its own: its own error, not GivenUp
+                if entry.state == _QUEUED:  # the call was its own: its own error, not NotSent
                     self.queue.remove(entry)
                     entry.outcome, entry.state = _copy(failure), _DONE
                     self._wake(entry.waker)
@@ -320,7 +320,7 @@ class Batcher(Generic[S]):
             self.warm = 0 if self._opens else self.size  # (some may have been dropped)
             failed, self.queue = self.queue, collections.deque()
             for e in failed:
-                e.outcome, e.state = _given_up(*failure), _DONE
+                e.outcome, e.state = _not_sent(*failure), _DONE
                 self._wake(e.waker)
         if carry:
             head = self._head()
@@ -366,8 +366,8 @@ def _failure(exc: Exception, sent: float) -> tuple[BaseException, float] | None:
     return None
 
 
-def _given_up(cause: BaseException, waited: float) -> GivenUp:
-    error = GivenUp(
+def _not_sent(cause: BaseException, waited: float) -> NotSent:
+    error = NotSent(
         f"Redis is unavailable: a call ahead of this one failed ({cause}) while it waited "
         "for a connection",
         waited,

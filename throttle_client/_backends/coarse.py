@@ -1,10 +1,11 @@
 """Bounded rates: a coarse log per rate, one entry per bucket, instead of every call.
 
-A bounded rate (Rate.bounded, docs/design.md §1 "Bounded rates") counts in a coarse log
-of its own (:class:`Coarse`): one entry per bucket, at the bucket's last moment,
-carrying the key's running total after the bucket's last call. The window arithmetic
-of ``sliding_log`` runs over it unchanged, so it counts each call as if it came at the
-end of its bucket: in a window until the bucket's last moment leaves it. That is never
+A bounded rate (Rate.bounded) counts in a *coarse log* of its own (:class:`Coarse`): a
+log with one entry per bucket (a fixed slice of the rate's period) instead of one per
+call, each at the bucket's last moment, carrying the key's running total after the
+bucket's last call. The window arithmetic of ``sliding_log`` runs over it unchanged, so
+it counts each call as if it came at the end of its bucket: in a window until the
+bucket's last moment leaves it. That is never
 fewer than the calls' own slots count (never over the limit), and holds a call back at
 most one bucket longer. A calendar rate's buckets end at its windows' boundaries (the
 end, and the margin before it), the only times its windows are read at: exact there.

@@ -1,9 +1,10 @@
 """How a waiter for a concurrency cap learns, promptly, that the store granted it a lease.
 
-A call that finds a capped key full is queued *in the store* (docs/design.md §1). When
-a lease ends, the store itself hands the freed capacity to the head of the queue, in
-the same atomic step, and names the lease it granted. That name reaches the waiter's
-process through its store's :class:`Doorbell`: the memory and SQLite stores ring it in
+A call that finds a capped key full is queued *in the store*. When a lease ends, the
+store itself hands the freed capacity to the head of the queue, in the same atomic step,
+and names the lease it granted. That name reaches the waiter's process through its
+store's :class:`Doorbell`, the per-process object a waiter blocks on until the store
+rings it with the waiter's lease id: the memory and SQLite stores ring it in
 the releasing process, Redis publishes it from the script to the waiter's process
 channel (``tc:w:<nonce>``) and a subscriber thread rings it, a SQLite watcher thread
 rings it for grants made by other processes. Only the granted waiter wakes: no herd.

@@ -1,6 +1,6 @@
 """Concurrency caps: leases and their FIFO queue, written once over a small storage view.
 
-docs/design.md §1 ("Concurrency caps"). A capped key keeps, beside its log:
+A capped key (a limiter with ``max_concurrent``) keeps, beside its log:
 
 - its **holders**: lease id -> expiry (µs). A lease is held from admission until its
   call ends (released) or, if its holder stops renewing it (a worker killed with

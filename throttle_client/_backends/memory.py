@@ -1,4 +1,4 @@
-"""In-process store: the semantics of docs/design.md §1 for the threads and tasks of one process."""
+"""In-process store: the limiter's semantics for the threads and tasks of one process."""
 
 from __future__ import annotations
 

@@ -1,8 +1,15 @@
-"""The operations a limiter asks of a store (docs/design.md §1), each one atomic step.
+"""The operations a limiter asks of a store, each one atomic step.
 
 Every operation is in whole microseconds and already carries the *hashed* store key: a
 backend never sees an access token. An ``Op[T]`` is answered by a ``T``
 (:mod:`.answers`); a key is held to its :class:`~.quota.Quota`.
+
+Two words recur. A key's *running total* counts every unit its log admitted since the key
+began; when it began is the key's *born* time (a key forgotten or expired and used again
+is born anew, its running total from 0). A *mark* is the running total up to an admitted
+call's slot less the margin, which its answer reports (``Acquire.mark_us``), so that a
+limit learned from that call's response counts only the units booked after it
+(:class:`Learn`).
 """
 
 from __future__ import annotations

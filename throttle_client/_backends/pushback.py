@@ -1,6 +1,6 @@
-"""A key's pushback: what the upstream told the transports about it lately (the reason
-of a pause one of them set, and the calls it refused in the last minute), as every
-store keeps it and reads it back."""
+"""A key's pushback: what the upstream told the throttled clients about the key lately,
+the reason for a pause one of them set (the header it read, or a backoff) and the calls
+the upstream refused (429) in the last minute, as every store keeps it and reads it back."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ class Quota:
     limits: tuple[tuple[int, Period], ...]
     min_interval_us: int
     # The most calls of the key in flight at once (0: no cap), and how long a lease lives
-    # unless its holder renews it (docs/design.md §1, "Concurrency caps").
+    # unless its holder renews it (``leases``).
     max_concurrent: int = 0
     lease_ttl_us: int = 0
 

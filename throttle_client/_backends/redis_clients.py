@@ -1,6 +1,6 @@
 """The Redis connections a backend runs its script over, and how many calls may use them.
 
-Bounds (README, "When Redis fails"): a call to a hung or dead store must end within
+Bounds (docs/operations/redis-failures.md): a call to a hung or dead store must end within
 the limiter's timeout plus one socket timeout, however the client was built. So the
 backend runs its script over connections it owns, with its own timeouts and no
 retries hidden inside redis-py (whose defaults, a 5 s socket timeout where set at all

@@ -127,7 +127,7 @@ class RedisDoorbell(Doorbell):
                 log.warning(
                     "the store refused the subscription to grants (%s): "
                     "waiters for a full cap look again every third of the lease TTL; "
-                    "allow SUBSCRIBE on the channels tc:w:* (README, ACL)",
+                    "allow SUBSCRIBE on the channels tc:w:* (docs/operations/acl.md)",
                     exc,
                 )
                 with self._start:

@@ -32,7 +32,8 @@ TABLE: tuple[tuple[type[BaseException], str, str], ...] = (
     (rx.AuthenticationError, "", MISCONFIGURED),
     # Redis refused this user the connection (ACL).
     (rx.AuthorizationError, "", MISCONFIGURED),
-    # NOPERM: the ACL user lacks a command or key pattern the limiter needs (README, ACL).
+    # NOPERM: the ACL user lacks a command or key pattern the limiter needs
+    # (docs/operations/acl.md).
     (rx.NoPermissionError, "", MISCONFIGURED),
     # TLS: the server's certificate does not verify against the CA given.
     (rx.ConnectionError, "CERTIFICATE_VERIFY_FAILED", MISCONFIGURED),

@@ -45,9 +45,9 @@ _LUA = resources.files(__package__).joinpath("lua")
 SCRIPT = "".join(_LUA.joinpath(f"{part}.lua").read_text("utf-8") for part in PARTS)
 SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 # On Redis >= 7 the same text is loaded as a function library (FUNCTION LOAD) and called
-# with FCALL: its ~45 local functions are then defined once, not on every call (~15% of
-# the server's time per decision, benchmarks/README.md). Named by the script's hash, so
-# two versions of the library never collide on one server.
+# with FCALL: its local functions (over 80) are then defined once, not on every call
+# (~15% of the server's time per decision, docs/benchmarks.md). Named by the script's
+# hash, so two versions of the library never collide on one server.
 FUNCTION = f"throttle_client_{SHA[:16]}"
 _RUN = "return run(KEYS, ARGV)\n"
 assert SCRIPT.endswith(_RUN)

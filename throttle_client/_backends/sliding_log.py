@@ -1,4 +1,4 @@
-"""The sliding-window log algorithm of docs/design.md §1, written once over a small storage view.
+"""The sliding-window log algorithm, written once over a small storage view.
 
 The memory and SQLite backends run this module. The Redis Lua script
 (``lua/*.lua``, joined by redis_script.py) runs the same algorithm, step for step, over a storage
@@ -98,7 +98,7 @@ def mark(log: LogView, op: Acquire | AcquireAll, slot: int) -> int:
 
 
 def earliest_slot(log: LogView, quota: Quota, now: int, cost: int) -> int:
-    """docs/design.md §1: max(now, last + gap, pause, and for each rate the time the cost
+    """The earliest slot: max(now, last + gap, pause, and for each rate the time the cost
     fits); then the calendar windows, which may move it on (Stale: windows missing)."""
     check_now(quota, now)
     slot = max(now, log.pause_until)

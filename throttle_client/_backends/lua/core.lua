@@ -1,11 +1,16 @@
 -- throttle_client: one key's sliding-window log, decided and booked in one atomic step.
--- The script, part 1 of 13: the storage, the arguments and replies, quotas and a key's M.
+-- The script's first part: the storage, the arguments and replies, quotas and a key's M.
 -- The backend (_backends/redis_script.py, PARTS) joins the parts in order: each uses only what
 -- the parts before it define.
 -- The algorithm is sliding_log.py's (see that module for the reasoning); the storage is
--- shaped so that an admission costs five redis.call()s: TIME, GET, ZRANGE (L's newest
--- entry, checked against M), ZADD, SET (and a batch of admissions of one key, one ZADD
--- each and the other four once: run_batch).
+-- shaped so that an admission on a key in steady state costs five redis.call()s: TIME,
+-- GET, ZRANGE (L's newest entry, checked against M), ZADD, SET. A rate whose window
+-- reaches into the log adds its lookups (ZREVRANGEBYSCORE: the running total through a
+-- time; ZRANGE: where a total was reached), renewing the TTLs (once the horizon passes
+-- `exp`) a PEXPIRE; a refusal costs TIME, GET, ZRANGE and a lookup, a key's first call
+-- seven (TIME, GET, ZREVRANGEBYSCORE, ZADD, SET, PEXPIRE, SET); a batch of admissions of
+-- one key, one ZADD each and the other four once (run_batch). benchmarks/commands.py
+-- counts them.
 --
 -- KEYS[1] L, the log: one zset holding each admitted call once: member = its running
 --         total as 6 bytes big-endian (so members of one slot sort by total), score =

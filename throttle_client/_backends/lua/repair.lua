@@ -1,4 +1,4 @@
--- The script, part 2 of 13 (redis_script.py, PARTS): a key opened, with whatever of it is lost or
+-- The script, part 2 (redis_script.py, PARTS): a key opened, with whatever of it is lost or
 -- damaged rebuilt first.
 
 -- Partial state. L and M expire together, but either can be lost alone (maxmemory
