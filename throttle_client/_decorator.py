@@ -24,7 +24,7 @@ from ._errors import ConfigurationError
 from ._feedback import read_feedback
 from ._flow import Flow, arun, run
 from ._key_flows import pause_flow
-from ._learning import learn_flow
+from ._learning import learn_flow, report_problems
 from ._limiter import AsyncLimiter, Limiter
 from ._results import Decision
 from ._routes import RetryPolicy
@@ -312,10 +312,7 @@ def _heed(
         fallback=_POLICY.fallback(1),
         quota=True,
     )
-    for problem in read.problems:
-        level = logging.DEBUG if problem.header in limiter._told_headers else logging.WARNING
-        limiter._told_headers.add(problem.header)
-        logger.log(level, "%s from %s", problem.message, name)
+    report_problems(limiter, read.problems, f" from {name}")
     now = limiter._local()
     _, now = yield from learn_flow(limiter, key, decision, read.view, now, _POLICY.max_pause)
     if read.pause:

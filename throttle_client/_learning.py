@@ -12,6 +12,7 @@ keeps the last view read per key for ``usage().upstream``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from ._backends.base import Learn
@@ -19,7 +20,7 @@ from ._calls import execute_flow
 from ._config import US
 from ._core import LimiterCore
 from ._errors import BackendError, ConfigurationError
-from ._feedback import ABSURD, QuotaView, read_feedback
+from ._feedback import ABSURD, Problem, QuotaView, read_feedback
 from ._flow import Flow
 from ._rate import bounded_seconds
 from ._results import Decision, UpstreamView
@@ -47,11 +48,17 @@ def learn_checked(
     feedback = read_feedback(
         200, headers, now=core._wall(), max_pause=ABSURD, fallback=0, quota=True
     )
-    for problem in feedback.problems:
+    report_problems(core, feedback.problems)
+    return feedback.view
+
+
+def report_problems(core: LimiterCore, problems: Iterable[Problem], where: str = "") -> None:
+    """Header values that could not be read, at WARNING the first time a limiter meets
+    each header, at DEBUG after (a fleet would repeat it on every call)."""
+    for problem in problems:
         level = logging.DEBUG if problem.header in core._told_headers else logging.WARNING
         core._told_headers.add(problem.header)
-        log.log(level, "%s", problem.message)
-    return feedback.view
+        log.log(level, "%s%s", problem.message, where)
 
 
 def learn_flow(
