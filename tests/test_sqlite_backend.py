@@ -317,49 +317,7 @@ CREATE TABLE IF NOT EXISTS tc_learned (
 ) WITHOUT ROWID;
 """
 # The tables 0.2.0 made: the same text as 0.1.0's, unchanged by that release.
-SCHEMA_0_2 = """
-CREATE TABLE IF NOT EXISTS tc_entries (
-    key TEXT NOT NULL,
-    slot INTEGER NOT NULL,
-    cum INTEGER NOT NULL,
-    call_id TEXT NOT NULL,
-    PRIMARY KEY (key, cum)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS tc_entries_slot ON tc_entries (key, slot, cum);
-CREATE UNIQUE INDEX IF NOT EXISTS tc_entries_call ON tc_entries (key, call_id);
-CREATE TABLE IF NOT EXISTS tc_meta (
-    key TEXT PRIMARY KEY,
-    last INTEGER,
-    total INTEGER NOT NULL,
-    base INTEGER NOT NULL,
-    pause_until INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
-    born INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS tc_meta_expiry ON tc_meta (expires_at);
-CREATE TABLE IF NOT EXISTS tc_holders (
-    key TEXT NOT NULL,
-    lease_id TEXT NOT NULL,
-    expires_at INTEGER NOT NULL,
-    PRIMARY KEY (key, lease_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS tc_holders_expiry ON tc_holders (key, expires_at);
-CREATE TABLE IF NOT EXISTS tc_tickets (
-    key TEXT NOT NULL,
-    lease_id TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    alive_until INTEGER NOT NULL,
-    PRIMARY KEY (key, lease_id)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS tc_tickets_number ON tc_tickets (key, number);
-CREATE TABLE IF NOT EXISTS tc_learned (
-    key TEXT PRIMARY KEY,
-    since INTEGER NOT NULL,
-    until INTEGER NOT NULL,
-    lim INTEGER NOT NULL,
-    from_cum INTEGER NOT NULL
-) WITHOUT ROWID;
-"""
+SCHEMA_0_2 = SCHEMA_0_1
 RELEASED = {"0.1.0": SCHEMA_0_1, "0.2.0": SCHEMA_0_2}
 START = 1_750_000_000.0  # the released file's calls, epoch seconds
 
